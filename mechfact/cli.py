@@ -1,0 +1,183 @@
+"""The ``mechfact`` command line.
+
+``main(argv)`` returns an exit code; bad input exits 2 with one line that names
+the flag and what is allowed (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable, Sequence
+
+from .device import DEVICE_CHOICES
+
+logger = logging.getLogger("mechfact")
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+def _common(p: argparse.ArgumentParser, out_required: bool = True) -> None:
+    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="auto picks CUDA when present (default auto)")
+    p.add_argument("--seed", type=int, default=0, help="base seed; seeds are seed, seed+1, ... (default 0)")
+    p.add_argument("--out", required=out_required, help="run directory (created; reused to resume)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=5000, help="Adam step budget per run (default 5000)")
+    p.add_argument("--lr", type=float, default=1.0, help="Adam learning rate (default 1.0)")
+    p.add_argument("--loss", default="ce", choices=("ce", "ce-margin", "hinge2"), help="training loss (default ce)")
+
+
+def _solver_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", default="trained", choices=("hebb", "trained", "separable"))
+    p.add_argument("--problem", default="original", choices=("original", "decoupled"))
+    p.add_argument("--kappa", type=float, default=1.0, help="rank fraction m/d in (0, 1] (default 1)")
+    _train_args(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="mechfact", description="Mechanistic interpretability of factual recall.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    mem = sub.add_parser("memory", help="linear associative memories (paper A)")
+    msub = mem.add_subparsers(dest="sub", required=True, parser_class=_Parser)
+
+    p = msub.add_parser("sweep", help="accuracy vs load alpha = p ln p / d^2")
+    p.add_argument("--d", type=int, nargs="+", default=[32, 64])
+    p.add_argument("--alpha-min", type=float, default=0.05)
+    p.add_argument("--alpha-max", type=float, default=1.2)
+    p.add_argument("--points", type=int, default=12)
+    p.add_argument("--seeds", type=int, default=3)
+    _solver_args(p)
+    _common(p)
+
+    p = msub.add_parser("capacity", help="perfect-recall capacity p_c per (d, seed) by bisection")
+    p.add_argument("--d", type=int, nargs="+", default=[24, 32, 48, 64])
+    p.add_argument("--seeds", type=int, default=5)
+    _solver_args(p)
+    _common(p)
+
+    p = msub.add_parser("scores", help="target vs competitor score distributions, Hebb vs trained")
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--problem", default="original", choices=("original", "decoupled"))
+    p.add_argument("--kappa", type=float, default=1.0)
+    _train_args(p)
+    _common(p)
+
+    p = msub.add_parser("spectrum", help="singular values of trained (OP, DP), Hebb and initial W")
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--kappa", type=float, default=1.0)
+    _train_args(p)
+    p.set_defaults(steps=3000)
+    _common(p)
+
+    p = msub.add_parser("rank", help="capacity of rank-constrained W = Q R^T against kappa")
+    p.add_argument("--d", type=int, nargs="+", default=[24, 32])
+    p.add_argument("--kappas", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--problem", default="original", choices=("original", "decoupled"))
+    _train_args(p)
+    _common(p)
+
+    q = sub.add_parser("quickstart", help="small versions of every capability and one HTML report")
+    q.add_argument("--fast", action="store_true", help="smoke-sized version (used by the tests)")
+    _common(q, out_required=False)
+    q.set_defaults(out="mechfact_quickstart")
+    return ap
+
+
+def _train_cfg(a, **over):
+    from .memory.solvers import TrainConfig
+
+    if a.steps < 1:
+        raise UsageError(f"--steps {a.steps}: must be at least 1")
+    if a.lr <= 0:
+        raise UsageError(f"--lr {a.lr}: must be positive")
+    return TrainConfig(lr=a.lr, max_steps=a.steps, loss=a.loss, **over)
+
+
+def _run_memory(a) -> None:
+    from .memory import experiments as ex
+
+    device = a.device_obj
+    if a.sub in ("sweep", "capacity"):
+        solver = ex.SolverConfig(method=a.method, problem=a.problem, kappa=a.kappa, train=_train_cfg(a))
+        if a.sub == "sweep":
+            cfg = ex.SweepConfig(d=a.d, alpha_min=a.alpha_min, alpha_max=a.alpha_max, points=a.points, seeds=a.seeds, solver=solver)
+            cfg.validate()
+            ex.run_sweep(cfg, a.out, device=device, seed=a.seed)
+        else:
+            cfg = ex.CapacityConfig(d=a.d, seeds=a.seeds, solver=solver)
+            cfg.validate()
+            ex.run_capacity(cfg, a.out, device=device, seed=a.seed)
+    elif a.sub == "scores":
+        ex.run_scores(ex.ScoresConfig(d=a.d, alpha=a.alpha, problem=a.problem, kappa=a.kappa, train=_train_cfg(a)),
+                      a.out, device=device, seed=a.seed)
+    elif a.sub == "spectrum":
+        ex.run_spectrum(ex.SpectrumConfig(d=a.d, alpha=a.alpha, kappa=a.kappa, train=_train_cfg(a, early_stop=False)),
+                        a.out, device=device, seed=a.seed)
+    elif a.sub == "rank":
+        ex.run_rank(ex.RankConfig(d=a.d, kappas=a.kappas, seeds=a.seeds, problem=a.problem, train=_train_cfg(a)),
+                    a.out, device=device, seed=a.seed)
+    print(f"results written to {a.out}")
+
+
+def _run_quickstart(a) -> None:
+    from .quickstart import run_quickstart
+
+    path = run_quickstart(a.out, device=a.device_obj, seed=a.seed, fast=a.fast)
+    print(f"report: {path}")
+
+
+COMMANDS: dict[str, Callable] = {"memory": _run_memory, "quickstart": _run_quickstart}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        import torch
+
+        from .device import resolve_device
+        from .runs import check_writable
+
+        if args.threads is not None:
+            if args.threads < 1:
+                raise UsageError(f"--threads {args.threads}: must be at least 1")
+            torch.set_num_threads(args.threads)
+        if args.quiet:
+            import os
+            os.environ["TQDM_DISABLE"] = "1"
+        args.device_obj = resolve_device(args.device)
+        check_writable(args.out)
+        COMMANDS[args.command](args)
+    except (UsageError, ValueError) as exc:
+        print(f"mechfact: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mechfact: interrupted; rerun with the same --out to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""Linear-memory experiments: accuracy sweeps, capacity, scores, spectra, rank.
+
+Each experiment is a typed config plus ``run_*(cfg, out, ...)`` that writes a
+standard run directory (config.json first, result.json as it goes, meta.json,
+fig_*.png drawn from result.json). Sweeps are lists of independent jobs run
+through an executor; finished work is recorded in result.json and skipped when
+the same ``--out`` is used again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from ..executor import Executor, Job, LocalExecutor
+from ..runs import RunDir, read_json
+from . import analysis, solvers, theory
+from .problems import PROBLEMS, MemoryProblem, load, p_for_alpha
+from .solvers import METHODS, TrainConfig, check_kappa
+
+logger = logging.getLogger(__name__)
+
+
+# ---- validation ------------------------------------------------------------------
+
+def _check_common(ds: list[int], seeds: int, method: str, problem: str, kappa: float) -> None:
+    for d in ds:
+        if d <= 0:
+            raise ValueError(f"--d {d}: must be a positive integer")
+    if seeds < 1:
+        raise ValueError(f"--seeds {seeds}: must be at least 1")
+    if method not in METHODS:
+        raise ValueError(f"--method {method!r}: allowed values are {', '.join(METHODS)}")
+    if problem not in PROBLEMS:
+        raise ValueError(f"--problem {problem!r}: allowed values are {', '.join(PROBLEMS)}")
+    check_kappa(kappa)
+    if method == "separable" and kappa != 1.0:
+        raise ValueError(f"--kappa {kappa}: method separable is exact only for full rank (kappa 1); "
+                         "the rank-constrained problem is not a linear program")
+
+
+@dataclass
+class SolverConfig:
+    """How W is found; shared by every experiment."""
+
+    method: str = "trained"  # hebb | trained | separable
+    problem: str = "original"  # original | decoupled
+    kappa: float = 1.0  # rank fraction: W = Q R^T with m = kappa * d
+    train: TrainConfig = field(default_factory=TrainConfig)  # gradient training ("trained", hint for "separable")
+
+
+def solve(problems: list[MemoryProblem], s: SolverConfig, device: torch.device) -> list[dict]:
+    """Solve a batch of same-shape problems; one record per problem (with W)."""
+    if s.method == "hebb":
+        Ws = [solvers.hebb(pr, s.kappa) for pr in problems]
+        return [{"W": W, "accuracy": analysis.accuracy(pr, W)} for pr, W in zip(problems, Ws)]
+    out = solvers.train(problems, s.kappa, s.train, device=device)
+    recs = [{"W": W, "accuracy": a, "steps": st} for W, a, st in zip(out.W, out.accuracy, out.steps)]
+    if s.method == "separable":
+        for pr, rec in zip(problems, recs):
+            sep = solvers.separable(pr, rec["W"])
+            rec["separable"] = sep.separable
+            rec["trained_accuracy"] = rec["accuracy"]
+            if sep.W is not None:
+                rec["W"] = sep.W
+            rec["accuracy"] = 1.0 if sep.separable else analysis.accuracy(pr, rec["W"])
+            rec["lp_t_star"] = sep.t_star
+    return recs
+
+
+# ---- accuracy sweep --------------------------------------------------------------------
+
+@dataclass
+class SweepConfig:
+    d: list[int] = field(default_factory=lambda: [32, 64])  # dimensions
+    alpha_min: float = 0.05  # smallest load p ln p / d^2
+    alpha_max: float = 1.2  # largest load
+    points: int = 12  # loads per d (evenly spaced)
+    seeds: int = 3  # independent instances per point
+    solver: SolverConfig = field(default_factory=SolverConfig)
+
+    def validate(self) -> None:
+        _check_common(self.d, self.seeds, self.solver.method, self.solver.problem, self.solver.kappa)
+        if not (0 < self.alpha_min < self.alpha_max):
+            raise ValueError(f"--alpha-min {self.alpha_min} / --alpha-max {self.alpha_max}: need 0 < alpha-min < alpha-max")
+        if self.points < 2:
+            raise ValueError(f"--points {self.points}: need at least 2")
+
+
+def run_sweep(cfg: SweepConfig, out: str | Path, *, device: torch.device, seed: int = 0,
+              executor: Executor | None = None) -> dict:
+    cfg.validate()
+    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.sweep", seed=seed, device=str(device))
+    res_file = run.file("result.json")
+    result = read_json(res_file) if res_file.exists() else {"points": []}
+    done = {(r["d"], r["p"], r["seed"]) for r in result["points"]}
+    s = cfg.solver
+    jobs = []
+    for d in cfg.d:
+        ps = sorted({p_for_alpha(a, d) for a in np.linspace(cfg.alpha_min, cfg.alpha_max, cfg.points)})
+        for p in ps:
+            todo = [seed + k for k in range(cfg.seeds) if (d, p, seed + k) not in done]
+            if not todo:
+                continue
+
+            def fn(d=d, p=p, todo=todo):
+                probs = [MemoryProblem(s.problem, d, p, sd) for sd in todo]
+                recs = solve(probs, s, device)
+                return [{"d": d, "p": p, "alpha": load(p, d), "seed": pr.seed, "method": s.method,
+                         "problem": s.problem, "kappa": s.kappa, "accuracy": r["accuracy"],
+                         **({"separable": r["separable"]} if "separable" in r else {})}
+                        for pr, r in zip(probs, recs)]
+            jobs.append(Job(key=f"d={d} p={p}", fn=fn, cost=p * p * d / 1e6))
+
+    def on_result(job: Job, recs: list[dict]) -> None:
+        result["points"].extend(recs)
+        result["points"].sort(key=lambda r: (r["d"], r["p"], r["seed"]))
+        run.write_result(result)
+
+    (executor or LocalExecutor(desc="memory sweep")).map(jobs, on_result)
+    run.write_result(result)
+    from . import plots
+    plots.plot_sweep(result, run.file("fig_accuracy.png"))
+    run.write_meta(n_jobs_run=len(jobs))
+    return result
+
+
+# ---- capacity by bisection ----------------------------------------------------------------
+
+@dataclass
+class CapacityConfig:
+    d: list[int] = field(default_factory=lambda: [24, 32, 48, 64])
+    seeds: int = 5
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    alpha_lo: float = 0.02  # starting lower bracket (must recall perfectly)
+    alpha_hi: float = 1.5  # starting upper bracket (doubled while it still recalls)
+
+    def validate(self) -> None:
+        _check_common(self.d, self.seeds, self.solver.method, self.solver.problem, self.solver.kappa)
+        if not (0 < self.alpha_lo < self.alpha_hi):
+            raise ValueError(f"alpha_lo {self.alpha_lo} / alpha_hi {self.alpha_hi}: need 0 < lo < hi")
+
+
+def _bisect_round(states: list[dict]) -> list[tuple[int, int]]:
+    """Next (state index, p) to evaluate for every unfinished bisection."""
+    todo = []
+    for i, st in enumerate(states):
+        if st["lo"] is None:
+            todo.append((i, st["p_lo0"]))
+        elif st["hi"] is None:
+            todo.append((i, st["p_hi0"]))
+        elif st["hi"] - st["lo"] > 1:
+            todo.append((i, (st["lo"] + st["hi"]) // 2))
+    return todo
+
+
+def capacity_search(d: int, seeds: list[int], s: SolverConfig, cfg: CapacityConfig, device: torch.device,
+                    memo: dict[str, bool], on_eval=None) -> list[dict]:
+    """Largest p with perfect recall per seed, by lockstep bisection over nested instances.
+
+    ``memo`` maps "d,seed,p" -> recalled-all, so an interrupted search resumes
+    without recomputing; ``on_eval`` is called after each round to persist it.
+    """
+    states = [{"seed": sd, "lo": None, "hi": None, "p_lo0": max(2, p_for_alpha(cfg.alpha_lo, d)),
+               "p_hi0": p_for_alpha(cfg.alpha_hi, d)} for sd in seeds]
+    while True:
+        todo = _bisect_round(states)
+        if not todo:
+            break
+        need = [(i, p) for i, p in todo if f"{d},{states[i]['seed']},{p}" not in memo]
+        if need:
+            probs = [MemoryProblem(s.problem, d, p, states[i]["seed"]) for i, p in need]
+            # batch problems of similar size together (padding waste stays small)
+            for rec, (i, p) in zip(solve(probs, s, device), need):
+                memo[f"{d},{states[i]['seed']},{p}"] = bool(rec["accuracy"] >= 1.0)
+            if on_eval:
+                on_eval()
+        for i, p in todo:
+            ok = memo[f"{d},{states[i]['seed']},{p}"]
+            st = states[i]
+            if st["lo"] is None:
+                if ok:
+                    st["lo"] = p
+                else:  # even the low bracket fails: shrink it
+                    st["p_hi0"], st["hi"] = p, p
+                    st["p_lo0"] = max(2, p // 2)
+                    if p <= 2:
+                        st["lo"] = 1
+            elif st["hi"] is None:
+                if ok:
+                    st["lo"], st["p_hi0"] = p, 2 * p
+                else:
+                    st["hi"] = p
+            else:
+                st["lo" if ok else "hi"] = p
+    out = []
+    for st in states:
+        p_c = st["lo"]
+        out.append({"d": d, "method": s.method, "problem": s.problem, "kappa": s.kappa, "seed": st["seed"],
+                    "p_c": p_c, "alpha_c": load(p_c, d) if p_c >= 2 else 0.0})
+    return out
+
+
+def summarise_capacity(caps: list[dict]) -> tuple[list[dict], dict]:
+    """Per-d quartiles and a fit alpha_c = a + b / ln p_c extrapolated to infinite size."""
+    summary = []
+    for key in sorted({(c["d"], c["method"], c["problem"], c["kappa"]) for c in caps}):
+        a = np.array([c["alpha_c"] for c in caps if (c["d"], c["method"], c["problem"], c["kappa"]) == key])
+        summary.append({"d": key[0], "method": key[1], "problem": key[2], "kappa": key[3],
+                        "alpha_c_median": float(np.median(a)), "alpha_c_q25": float(np.quantile(a, 0.25)),
+                        "alpha_c_q75": float(np.quantile(a, 0.75)), "n_seeds": int(len(a))})
+    fit = fit_extrapolation(caps)
+    return summary, fit
+
+
+def fit_extrapolation(caps: list[dict]) -> dict:
+    """Least squares alpha_c = a + b x with x = 1 / ln p_c; a is the infinite-size value."""
+    pts = [(1 / math.log(c["p_c"]), c["alpha_c"]) for c in caps if c["p_c"] >= 3]
+    if len({round(x, 12) for x, _ in pts}) < 2:
+        return {"alpha_inf": None, "alpha_inf_se": None, "slope": None, "n": len(pts)}
+    x, y = np.array(pts).T
+    r = stats.linregress(x, y)
+    return {"alpha_inf": float(r.intercept), "alpha_inf_se": float(r.intercept_stderr),
+            "slope": float(r.slope), "slope_se": float(r.stderr), "n": len(pts),
+            "ci95": [float(r.intercept - 1.96 * r.intercept_stderr), float(r.intercept + 1.96 * r.intercept_stderr)]}
+
+
+def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
+                 executor: Executor | None = None) -> dict:
+    cfg.validate()
+    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.capacity", seed=seed, device=str(device))
+    res_file = run.file("result.json")
+    result = read_json(res_file) if res_file.exists() else {"capacity": [], "summary": [], "evaluations": {}}
+    memo: dict[str, bool] = result.setdefault("evaluations", {})
+    done = {(c["d"], c["seed"]) for c in result["capacity"]}
+    s = cfg.solver
+    jobs = []
+    for d in cfg.d:
+        todo = [seed + k for k in range(cfg.seeds) if (d, seed + k) not in done]
+        if todo:
+            jobs.append(Job(key=f"d={d}", cost=d**3 / 1e3,
+                            fn=lambda d=d, todo=todo: capacity_search(d, todo, s, cfg, device, memo,
+                                                                      on_eval=lambda: run.write_result(result))))
+
+    def on_result(job: Job, recs: list[dict]) -> None:
+        result["capacity"].extend(recs)
+        result["capacity"].sort(key=lambda r: (r["d"], r["seed"]))
+        result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
+        run.write_result(result)
+
+    (executor or LocalExecutor(desc="memory capacity")).map(jobs, on_result)
+    if result["capacity"]:
+        result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
+    run.write_result(result)
+    from . import plots
+    plots.plot_capacity(result, run.file("fig_capacity.png"))
+    run.write_meta(n_jobs_run=len(jobs))
+    return result
+
+
+# ---- score distributions (mechanism) ------------------------------------------------------
+
+@dataclass
+class ScoresConfig:
+    d: int = 64  # dimension
+    alpha: float = 0.5  # load at which Hebb and trained W are compared (same instance)
+    problem: str = "original"
+    kappa: float = 1.0
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> None:
+        _check_common([self.d], 1, "trained", self.problem, self.kappa)
+        if self.alpha <= 0:
+            raise ValueError(f"--alpha {self.alpha}: must be positive")
+
+
+def run_scores(cfg: ScoresConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
+    cfg.validate()
+    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.scores", seed=seed, device=str(device))
+    p = p_for_alpha(cfg.alpha, cfg.d)
+    pr = MemoryProblem(cfg.problem, cfg.d, p, seed)
+    Ws = {"hebb": solvers.hebb(pr, cfg.kappa), "trained": solvers.train([pr], cfg.kappa, cfg.train, device=device).W[0]}
+    summary, per_input = {}, {}
+    for name, W in Ws.items():
+        summary[name], arr = analysis.score_summary(pr, W)
+        per_input[name] = {k: np.round(v, 6).tolist() for k, v in arr.items() if k in ("z_target", "z_max")}
+    result = {"d": cfg.d, "p": p, "alpha": load(p, cfg.d), "problem": cfg.problem, "kappa": cfg.kappa,
+              "summary": summary, "per_input": per_input}
+    run.write_result(result)
+    from . import plots
+    plots.plot_scores(result, run.file("fig_scores.png"))
+    run.write_meta()
+    return result
+
+
+# ---- singular-value spectra -----------------------------------------------------------------
+
+@dataclass
+class SpectrumConfig:
+    d: int = 64
+    alpha: float = 0.5  # load of the instance (the optimum is studied at or near capacity)
+    kappa: float = 1.0
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(early_stop=False, max_steps=3000))
+
+    def validate(self) -> None:
+        _check_common([self.d], 1, "trained", "original", self.kappa)
+        if self.alpha <= 0:
+            raise ValueError(f"--alpha {self.alpha}: must be positive")
+
+
+def run_spectrum(cfg: SpectrumConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
+    cfg.validate()
+    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.spectrum", seed=seed, device=str(device))
+    p = p_for_alpha(cfg.alpha, cfg.d)
+    op = MemoryProblem("original", cfg.d, p, seed)
+    dp = MemoryProblem("decoupled", cfg.d, p, seed)
+    t_op = solvers.train([op], cfg.kappa, cfg.train, device=device)
+    t_dp = solvers.train([dp], cfg.kappa, cfg.train, device=device)
+    Ws = {"trained_original": t_op.W[0].numpy(), "trained_decoupled": t_dp.W[0].numpy(),
+          "hebb": solvers.hebb(op, cfg.kappa).numpy(), "init": t_op.W_init[0].numpy()}
+    spec = analysis.spectrum_summary(Ws, cfg.kappa)
+    result = {"d": cfg.d, "p": p, "alpha": load(p, cfg.d), "kappa": cfg.kappa,
+              "accuracy": {"trained_original": t_op.accuracy[0], "trained_decoupled": t_dp.accuracy[0],
+                           "hebb": analysis.accuracy(op, torch.from_numpy(Ws["hebb"]))},
+              "ks_op_vs_dp": spec["ks_pairs"]["trained_original|trained_decoupled"],
+              "ks_to_theory": spec["ks_to_theory"], "ks_pairs": spec["ks_pairs"],
+              "singular_values": {k: np.round(v, 6).tolist() for k, v in spec["singular_values"].items()}}
+    run.write_result(result)
+    from . import plots
+    plots.plot_spectrum(result, run.file("fig_spectrum.png"))
+    run.write_meta()
+    return result
+
+
+# ---- rank constraint --------------------------------------------------------------------------
+
+@dataclass
+class RankConfig:
+    d: list[int] = field(default_factory=lambda: [24, 32])
+    kappas: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    seeds: int = 3
+    problem: str = "original"
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> None:
+        for k in self.kappas:
+            _check_common(self.d, self.seeds, "trained", self.problem, k)
+
+
+def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: int = 0,
+             executor: Executor | None = None) -> dict:
+    cfg.validate()
+    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.rank", seed=seed, device=str(device))
+    res_file = run.file("result.json")
+    result = read_json(res_file) if res_file.exists() else {"capacity": [], "summary": [], "evaluations": {}}
+    done = {(c["d"], c["kappa"], c["seed"]) for c in result["capacity"]}
+    jobs = []
+    for kappa in cfg.kappas:
+        s = SolverConfig(method="trained", problem=cfg.problem, kappa=kappa, train=cfg.train)
+        ccfg = CapacityConfig(d=cfg.d, seeds=cfg.seeds, solver=s)
+        memo = result["evaluations"].setdefault(str(kappa), {})
+        for d in cfg.d:
+            todo = [seed + k for k in range(cfg.seeds) if (d, kappa, seed + k) not in done]
+            if todo:
+                jobs.append(Job(key=f"kappa={kappa} d={d}", cost=kappa * d**3 / 1e3,
+                                fn=lambda d=d, todo=todo, s=s, ccfg=ccfg, memo=memo: capacity_search(
+                                    d, todo, s, ccfg, device, memo, on_eval=lambda: run.write_result(result))))
+
+    def on_result(job: Job, recs: list[dict]) -> None:
+        result["capacity"].extend(recs)
+        result["capacity"].sort(key=lambda r: (r["kappa"], r["d"], r["seed"]))
+        result["summary"], _ = summarise_capacity(result["capacity"])
+        result["theory"] = [{"kappa": k, "alpha_c_dof": theory.alpha_c_rank_dof(k),
+                             "alpha_c_energy": theory.alpha_c_rank_energy(k)} for k in cfg.kappas]
+        run.write_result(result)
+
+    (executor or LocalExecutor(desc="memory rank")).map(jobs, on_result)
+    if result["capacity"]:
+        on_result(Job("final", lambda: None), [])
+    from . import plots
+    plots.plot_rank(result, run.file("fig_rank.png"))
+    run.write_meta(n_jobs_run=len(jobs))
+    return result

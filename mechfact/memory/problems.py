@@ -1,0 +1,176 @@
+"""Original (OP) and decoupled (DP) linear-memory problems.
+
+Embeddings are i.i.d. N(0, I_d / d). Score s[mu, rho] = u_rho^T W e_mu; input mu
+is recalled iff its own output scores highest.
+
+* OP: one shared set of outputs U (p x d); competitors of input mu are the
+  other rows of U.
+* DP: input mu has a private target t_mu and p - 1 private competitors
+  c^(mu)_1..c^(mu)_{p-1}. They are never stored as a dense p x p x d tensor:
+  they are generated in blocks (input block i, competitor block j), each from
+  its own derived seed, so any slice can be regenerated on demand.
+
+Everything is generated in fixed-size row blocks with per-block seeds, so an
+instance of size p is exactly the first p rows of any larger instance with the
+same seed ("nested instances"): recall is then monotone in p up to solver noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ..seeding import generator
+
+PROBLEMS = ("original", "decoupled")
+ROW_BLOCK = 64  # rows per generated block of E, U, T; also the DP input block
+COMP_BLOCK = 256  # competitors per generated DP block
+
+
+def load(p: int, d: int) -> float:
+    """alpha = p ln p / d^2."""
+    return p * math.log(p) / d**2
+
+
+def p_for_alpha(alpha: float, d: int) -> int:
+    """Smallest integer p >= 2 with p ln p / d^2 >= alpha."""
+    target = alpha * d * d
+    lo, hi = 2, 2
+    while hi * math.log(hi) < target:
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if mid * math.log(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return max(lo, 2)
+
+
+def _rows(seed: int, tag: str, n: int, d: int) -> Float[Tensor, "n d"]:
+    """First n rows of the seeded block stream ``tag`` (CPU, float32)."""
+    blocks = []
+    for b in range(math.ceil(n / ROW_BLOCK)):
+        g = generator(seed, tag, d, b)
+        blocks.append(torch.randn(ROW_BLOCK, d, generator=g))
+    return torch.cat(blocks)[:n] / math.sqrt(d)
+
+
+@dataclass(frozen=True)
+class MemoryProblem:
+    """One seeded instance: ``kind`` in PROBLEMS, p associations in dimension d."""
+
+    kind: str
+    d: int
+    p: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in PROBLEMS:
+            raise ValueError(f"problem {self.kind!r}: allowed values are {', '.join(PROBLEMS)}")
+        if self.d < 1:
+            raise ValueError(f"d={self.d}: must be a positive integer")
+        if self.p < 2:
+            raise ValueError(f"p={self.p}: need at least 2 associations")
+
+    @property
+    def alpha(self) -> float:
+        return load(self.p, self.d)
+
+    def inputs(self) -> Float[Tensor, "p d"]:
+        return _rows(self.seed, "E", self.p, self.d)
+
+    def outputs(self) -> Float[Tensor, "p d"]:
+        """OP: the shared outputs U. DP: the private targets t_mu."""
+        return _rows(self.seed, "U" if self.kind == "original" else "T", self.p, self.d)
+
+    # ---- decoupled competitors -------------------------------------------------
+    def competitors(self, start: int, stop: int) -> Float[Tensor, "rows p_minus_1 d"]:
+        """DP competitors of inputs start..stop-1, shape (stop-start, p-1, d)."""
+        if self.kind != "decoupled":
+            raise ValueError("competitors() exists only for the decoupled problem")
+        n_comp = self.p - 1
+        out = torch.empty(stop - start, n_comp, self.d)
+        for i in range(start // ROW_BLOCK, math.ceil(stop / ROW_BLOCK)):
+            r0, r1 = max(start, i * ROW_BLOCK), min(stop, (i + 1) * ROW_BLOCK)
+            for j in range(math.ceil(n_comp / COMP_BLOCK)):
+                g = generator(self.seed, "C", self.d, i, j)
+                block = torch.randn(ROW_BLOCK, COMP_BLOCK, self.d, generator=g)
+                c0, c1 = j * COMP_BLOCK, min(n_comp, (j + 1) * COMP_BLOCK)
+                out[r0 - start : r1 - start, c0:c1] = block[r0 - i * ROW_BLOCK : r1 - i * ROW_BLOCK, : c1 - c0]
+        return out / math.sqrt(self.d)
+
+    def competitor_chunks(self, rows: int = ROW_BLOCK) -> Iterator[tuple[int, int, Tensor]]:
+        for start in range(0, self.p, rows):
+            stop = min(self.p, start + rows)
+            yield start, stop, self.competitors(start, stop)
+
+    def dense_bytes(self) -> int:
+        """Bytes a dense float32 copy of the competitors would take."""
+        return 4 * self.p * (self.p - 1) * self.d if self.kind == "decoupled" else 4 * self.p * self.d
+
+
+# ---- scores -------------------------------------------------------------------
+
+@dataclass
+class Scores:
+    """Per-input target score and competitor statistics for one W."""
+
+    target: Tensor  # (p,) s[mu, mu]
+    comp_mean: Tensor  # (p,) mean over the p-1 competitors
+    comp_std: Tensor  # (p,) std over the p-1 competitors
+    comp_max: Tensor  # (p,) max over the p-1 competitors
+
+    @property
+    def recalled(self) -> Tensor:
+        return self.target > self.comp_max
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.recalled.double().mean())
+
+
+@torch.no_grad()
+def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors: bool = False, chunk: int = ROW_BLOCK):
+    """Target/competitor score statistics of W on ``problem`` (float64, chunked).
+
+    With ``keep_competitors`` also returns the (p, p-1) competitor score matrix
+    (only sensible for moderate p).
+    """
+    W = W.detach().to("cpu", torch.float64)
+    E = problem.inputs().double()
+    V = E @ W.T  # (p, d): v_mu = W e_mu
+    T = problem.outputs().double()
+    target = (T * V).sum(-1)
+    means, stds, maxs, comps = [], [], [], []
+    if problem.kind == "original":
+        for start in range(0, problem.p, chunk):
+            stop = min(problem.p, start + chunk)
+            S = V[start:stop] @ T.T  # (rows, p)
+            idx = torch.arange(start, stop)
+            mask = torch.ones_like(S, dtype=torch.bool)
+            mask[idx - start, idx] = False
+            C = S[mask].view(stop - start, problem.p - 1)
+            means.append(C.mean(1)); stds.append(C.std(1)); maxs.append(C.max(1).values)
+            if keep_competitors:
+                comps.append(C)
+    else:
+        for start, stop, Cv in problem.competitor_chunks(chunk):
+            C = torch.einsum("rkd,rd->rk", Cv.double(), V[start:stop])
+            means.append(C.mean(1)); stds.append(C.std(1)); maxs.append(C.max(1).values)
+            if keep_competitors:
+                comps.append(C)
+    sc = Scores(target, torch.cat(means), torch.cat(stds), torch.cat(maxs))
+    if keep_competitors:
+        return sc, torch.cat(comps)
+    return sc
+
+
+def accuracy(problem: MemoryProblem, W: Tensor) -> float:
+    """Fraction of inputs whose target strictly beats every competitor."""
+    return scores(problem, W).accuracy

@@ -1,0 +1,149 @@
+"""Run directories: config.json first, then result.json, meta.json and figures.
+
+Every file is written atomically (temp file + ``os.replace``) so an
+interrupted run never leaves a half-written JSON behind. ``result.json`` holds
+only deterministic numbers; timings and versions go to ``meta.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def _jsonable(obj: Any) -> Any:
+    if is_dataclass(obj):
+        return _jsonable(asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:
+        return obj.item()
+    if isinstance(obj, float) and (obj != obj):  # NaN -> null keeps JSON strict
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write JSON to ``path`` atomically (never a partial file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_jsonable(data), f, indent=2, sort_keys=False, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def git_sha() -> str | None:
+    """The git SHA of the mechfact source tree, if it is a checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that shape numerical results."""
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for pkg in ("mechfact", "torch", "numpy", "scipy", "scikit-learn", "transformers", "transformer-lens"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def check_writable(out: str | os.PathLike) -> Path:
+    """Create ``out`` if needed and make sure it is a writable directory."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".mechfact_write_probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {out}: not a writable directory ({exc.strerror or exc})") from None
+    return path
+
+
+class RunDir:
+    """A run directory with the standard files.
+
+    ``config.json`` is written on creation (or checked against the existing one
+    when resuming); ``finish`` writes ``result.json`` and ``meta.json``.
+    """
+
+    def __init__(self, out: str | os.PathLike, config: Any, *, kind: str, seed: int, device: str):
+        self.path = check_writable(out)
+        self.kind = kind
+        self.seed = seed
+        self.device = device
+        self.t0 = time.time()
+        cfg = _jsonable(config)
+        cfg_file = self.path / "config.json"
+        self.config = {"kind": kind, **cfg}
+        if cfg_file.exists():
+            old = read_json(cfg_file)
+            if old != self.config:
+                raise ValueError(
+                    f"--out {self.path}: holds a run with a different config; use another --out or delete it "
+                    f"(differs in: {', '.join(sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k)))})"
+                )
+        else:
+            write_json_atomic(cfg_file, self.config)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def write_result(self, result: Any) -> None:
+        write_json_atomic(self.path / "result.json", result)
+
+    def write_meta(self, **extra: Any) -> None:
+        meta = {
+            "kind": self.kind,
+            "seed": self.seed,
+            "device": self.device,
+            "git_sha": git_sha(),
+            "versions": versions(),
+            "wall_time_s": round(time.time() - self.t0, 3),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **extra,
+        }
+        write_json_atomic(self.path / "meta.json", meta)
+
+
+def dataclass_from_dict(cls: type, data: dict) -> Any:
+    """Build dataclass ``cls`` from a dict, ignoring keys it does not have."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
