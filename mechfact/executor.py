@@ -9,6 +9,7 @@ backend only has to implement :meth:`Executor.map`.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -39,7 +40,8 @@ class LocalExecutor(Executor):
     def map(self, jobs: Iterable[Job], on_result: Callable[[Job, Any], None]) -> None:
         jobs = list(jobs)
         total = sum(j.cost for j in jobs)
-        with tqdm(total=total, desc=self.desc, disable=not self.progress, unit="cost") as bar:
+        disable = not self.progress or bool(os.environ.get("TQDM_DISABLE"))
+        with tqdm(total=total, desc=self.desc, disable=disable, unit="cost") as bar:
             for job in jobs:
                 bar.set_postfix_str(job.key[:60])
                 result = job.fn()

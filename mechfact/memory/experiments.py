@@ -142,6 +142,7 @@ class CapacityConfig:
     solver: SolverConfig = field(default_factory=SolverConfig)
     alpha_lo: float = 0.02  # starting lower bracket (must recall perfectly)
     alpha_hi: float = 1.5  # starting upper bracket (doubled while it still recalls)
+    rel_tol: float = 0.01  # stop bisecting when hi - lo <= max(1, rel_tol * lo): p_c resolved to ~1%
 
     def validate(self) -> None:
         _check_common(self.d, self.seeds, self.solver.method, self.solver.problem, self.solver.kappa)
@@ -149,7 +150,7 @@ class CapacityConfig:
             raise ValueError(f"alpha_lo {self.alpha_lo} / alpha_hi {self.alpha_hi}: need 0 < lo < hi")
 
 
-def _bisect_round(states: list[dict]) -> list[tuple[int, int]]:
+def _bisect_round(states: list[dict], rel_tol: float = 0.0) -> list[tuple[int, int]]:
     """Next (state index, p) to evaluate for every unfinished bisection."""
     todo = []
     for i, st in enumerate(states):
@@ -157,7 +158,7 @@ def _bisect_round(states: list[dict]) -> list[tuple[int, int]]:
             todo.append((i, st["p_lo0"]))
         elif st["hi"] is None:
             todo.append((i, st["p_hi0"]))
-        elif st["hi"] - st["lo"] > 1:
+        elif st["hi"] - st["lo"] > max(1, int(rel_tol * st["lo"])):
             todo.append((i, (st["lo"] + st["hi"]) // 2))
     return todo
 
@@ -172,7 +173,7 @@ def capacity_search(d: int, seeds: list[int], s: SolverConfig, cfg: CapacityConf
     states = [{"seed": sd, "lo": None, "hi": None, "p_lo0": max(2, p_for_alpha(cfg.alpha_lo, d)),
                "p_hi0": p_for_alpha(cfg.alpha_hi, d)} for sd in seeds]
     while True:
-        todo = _bisect_round(states)
+        todo = _bisect_round(states, cfg.rel_tol)
         if not todo:
             break
         need = [(i, p) for i, p in todo if f"{d},{states[i]['seed']},{p}" not in memo]

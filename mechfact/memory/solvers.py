@@ -69,6 +69,7 @@ class TrainConfig:
     #                   multiclass hinge sum_rho relu(margin - (s_target - s_rho))^2 (convex, zero iff separable)
     margin: float = 1.0  # margin used by "ce-margin" and "hinge2"
     early_stop: bool = True  # stop a run at its first perfect recall (capacity); False trains the full budget
+    patience: int = 1500  # give up on a run whose error count has not reached a new minimum for this many steps (0: never)
     dp_memory_gb: float = 4.0  # max GB of dense DP competitors held per batch
 
 
@@ -145,31 +146,41 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
     best_W = weight().detach().clone()
     steps = torch.full((B,), cfg.max_steps, dtype=torch.long)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
+    best_err = torch.full((B,), P + 1, dtype=torch.long, device=dev)
+    last_gain = torch.zeros(B, dtype=torch.long, device=dev)
     neg = torch.finfo(torch.float32).min / 4
+    eye = torch.eye(P, dtype=torch.bool, device=dev)[None]
+    idx = torch.arange(B, device=dev)  # runs still training; tensors are re-packed when it shrinks
+    E_a, T_a, C_a, rv_a, cv_a, ps_a = E, T, C, row_valid, col_valid, ps
     for step in range(cfg.max_steps + 1):
-        W = weight()
-        V = torch.bmm(E, W.transpose(1, 2))  # (B, P, d): v_mu = W e_mu
+        W = weight()[idx]
+        V = torch.bmm(E_a, W.transpose(1, 2))  # (b, P, d): v_mu = W e_mu
         if kind == "original":
-            S = torch.bmm(V, T.transpose(1, 2))  # (B, P, P): S[b, mu, rho] = u_rho . v_mu
-            S = S.masked_fill(~col_valid[:, None, :], neg)
+            S = torch.bmm(V, T_a.transpose(1, 2))  # (b, P, P): S[b, mu, rho] = u_rho . v_mu
+            S = S.masked_fill(~cv_a[:, None, :], neg)
             tgt = torch.diagonal(S, dim1=1, dim2=2)
-            comp_max = S.masked_fill(torch.eye(P, dtype=torch.bool, device=dev)[None], neg).amax(-1)
-            comp_all = S.masked_fill(torch.eye(P, dtype=torch.bool, device=dev)[None], neg)
+            comp_all = S.masked_fill(eye, neg)
         else:
-            tgt = (T * V).sum(-1)  # (B, P)
-            comp = torch.einsum("bpkd,bpd->bpk", C, V).masked_fill(~col_valid[:, None, :], neg)
-            comp_max = comp.amax(-1)
-            comp_all = comp
+            tgt = (T_a * V).sum(-1)  # (b, P)
+            comp_all = torch.einsum("bpkd,bpd->bpk", C_a, V).masked_fill(~cv_a[:, None, :], neg)
+        comp_max = comp_all.amax(-1)
         with torch.no_grad():
-            acc = ((tgt > comp_max) & row_valid).sum(1).float() / ps
-            improved = ((acc >= best_acc) if not cfg.early_stop else (acc > best_acc)) & ~done
+            ok = (tgt > comp_max) & rv_a
+            acc = ok.sum(1).float() / ps_a
+            improved = (acc >= best_acc[idx]) if not cfg.early_stop else (acc > best_acc[idx])
             if improved.any():
-                best_acc = torch.where(improved, acc, best_acc)
-                best_W[improved] = W.detach()[improved]
-            newly = (acc >= 1.0) & ~done if cfg.early_stop else torch.zeros_like(done)
-            for b in torch.nonzero(newly).flatten().tolist():
+                best_acc[idx[improved]] = acc[improved]
+                best_W[idx[improved]] = W.detach()[improved]
+            finished = (acc >= 1.0) if cfg.early_stop else torch.zeros_like(improved)
+            if cfg.patience and cfg.early_stop:
+                err = (rv_a & ~ok).sum(1)
+                gained = err < best_err[idx]
+                best_err[idx[gained]] = err[gained]
+                last_gain[idx[gained]] = step
+                finished = finished | (step - last_gain[idx] >= cfg.patience)
+            for b in idx[finished].tolist():
                 steps[b] = step
-            done |= newly
+            done[idx[finished]] = True
         if bool(done.all()) or step == cfg.max_steps:
             break
         if cfg.loss == "hinge2":
@@ -178,13 +189,18 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
             shift = cfg.margin if cfg.loss == "ce-margin" else 0.0
             t_eff = tgt - shift
             per_input = torch.logsumexp(torch.cat([t_eff[..., None], comp_all], -1), -1) - t_eff
-        loss_rows = (per_input * row_valid).sum(1) / ps  # mean loss per run
-        loss = (loss_rows * (~done)).sum()
+        loss_rows = (per_input * rv_a).sum(1) / ps_a  # mean loss per run
+        loss = (loss_rows * (~finished)).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if sched is not None:
             sched.step()
+        if finished.any():  # re-pack the still-active runs
+            keep = ~finished
+            idx = idx[keep]
+            E_a, T_a, rv_a, cv_a, ps_a = E_a[keep], T_a[keep], rv_a[keep], cv_a[keep], ps_a[keep]
+            C_a = C_a[keep] if C_a is not None else None
     Ws = [w.cpu() for w in best_W]
     accs = [scores(pr, w).accuracy for pr, w in zip(problems, Ws)]  # exact float64 re-check
     return TrainOutput(W=Ws, accuracy=accs, steps=steps.tolist(), W_init=W_init)

@@ -1,0 +1,74 @@
+import math
+
+import pytest
+import torch
+
+from mechfact.memory.problems import COMP_BLOCK, MemoryProblem, load, p_for_alpha, scores
+
+
+def test_load_and_inverse():
+    assert load(100, 10) == pytest.approx(100 * math.log(100) / 100)
+    for d in (8, 32, 64):
+        for a in (0.1, 0.5, 1.0):
+            p = p_for_alpha(a, d)
+            assert load(p, d) >= a > load(p - 1, d)
+
+
+@pytest.mark.parametrize("kind", ["original", "decoupled"])
+def test_nested_and_deterministic(kind):
+    small, big = MemoryProblem(kind, 8, 70, 3), MemoryProblem(kind, 8, 150, 3)
+    assert torch.equal(small.inputs(), big.inputs()[:70])
+    assert torch.equal(small.outputs(), big.outputs()[:70])
+    assert torch.equal(small.inputs(), MemoryProblem(kind, 8, 70, 3).inputs())
+    assert not torch.equal(small.inputs(), MemoryProblem(kind, 8, 70, 4).inputs())
+    if kind == "decoupled":
+        assert torch.equal(small.competitors(0, 70), big.competitors(0, 70)[:, :69])
+
+
+def test_embeddings_are_n0_i_over_d():
+    pr = MemoryProblem("original", 64, 4000, 0)
+    E = pr.inputs()
+    assert E.pow(2).sum(1).mean().item() == pytest.approx(1.0, abs=0.02)  # unit norm on average
+    assert E.mean().abs().item() < 0.01
+
+
+def test_decoupled_competitors_regenerate_by_slice():
+    pr = MemoryProblem("decoupled", 6, 300, 1)  # 299 competitors: spans two competitor blocks
+    assert pr.p - 1 > COMP_BLOCK
+    full = pr.competitors(0, 300)
+    assert full.shape == (300, 299, 6)
+    assert torch.equal(full[100:170], pr.competitors(100, 170))
+    # private candidate sets: different inputs see different competitors
+    assert not torch.allclose(full[0], full[1])
+
+
+def test_scores_match_brute_force_original():
+    pr = MemoryProblem("original", 5, 40, 0)
+    W = torch.randn(5, 5)
+    E, U = pr.inputs().double(), pr.outputs().double()
+    S = E @ W.double().T @ U.T  # S[mu, rho] = u_rho^T W e_mu
+    sc = scores(pr, W)
+    off = S.clone()
+    off.fill_diagonal_(-float("inf"))
+    assert torch.allclose(sc.target, S.diagonal())
+    assert torch.allclose(sc.comp_max, off.max(1).values)
+    expected = (S.argmax(1) == torch.arange(40)).double().mean().item()
+    assert sc.accuracy == pytest.approx(expected)
+
+
+def test_scores_match_brute_force_decoupled():
+    pr = MemoryProblem("decoupled", 5, 30, 2)
+    W = torch.randn(5, 5)
+    V = pr.inputs().double() @ W.double().T
+    C = pr.competitors(0, 30).double()
+    comp = torch.einsum("pkd,pd->pk", C, V)
+    sc = scores(pr, W)
+    assert torch.allclose(sc.comp_max, comp.max(1).values)
+    assert torch.allclose(sc.target, (pr.outputs().double() * V).sum(1))
+
+
+def test_bad_problem_arguments():
+    with pytest.raises(ValueError, match="allowed values are original, decoupled"):
+        MemoryProblem("shared", 4, 10, 0)
+    with pytest.raises(ValueError, match="d=0"):
+        MemoryProblem("original", 0, 10, 0)
