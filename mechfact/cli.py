@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = msub.add_parser("spectrum", help="singular values of trained (OP, DP), Hebb and initial W")
     p.add_argument("--d", type=int, default=64)
-    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--alpha", type=float, default=0.8)
+    p.add_argument("--seeds", type=int, default=3, help="instances pooled (default 3)")
     p.add_argument("--kappa", type=float, default=1.0)
     _train_args(p)
     p.set_defaults(steps=3000)
@@ -127,7 +128,7 @@ def _run_memory(a) -> None:
         ex.run_scores(ex.ScoresConfig(d=a.d, alpha=a.alpha, problem=a.problem, kappa=a.kappa, train=_train_cfg(a)),
                       a.out, device=device, seed=a.seed)
     elif a.sub == "spectrum":
-        ex.run_spectrum(ex.SpectrumConfig(d=a.d, alpha=a.alpha, kappa=a.kappa, train=_train_cfg(a, early_stop=False)),
+        ex.run_spectrum(ex.SpectrumConfig(d=a.d, alpha=a.alpha, kappa=a.kappa, seeds=a.seeds, train=_train_cfg(a, early_stop=False)),
                         a.out, device=device, seed=a.seed)
     elif a.sub == "rank":
         ex.run_rank(ex.RankConfig(d=a.d, kappas=a.kappas, seeds=a.seeds, problem=a.problem, train=_train_cfg(a)),

@@ -160,3 +160,26 @@ def test_fit_extrapolation_recovers_known_line():
     fit = ex.fit_extrapolation(caps)
     assert fit["alpha_inf"] == pytest.approx(0.5, abs=1e-9)
     assert fit["slope"] == pytest.approx(2.0, abs=1e-9)
+
+
+def test_spectrum_op_matches_dp_and_quarter_circle(tmp_path):
+    cfg = ex.SpectrumConfig(d=32, alpha=0.7, seeds=3, train=TrainConfig(early_stop=False, max_steps=400))
+    res = ex.run_spectrum(cfg, tmp_path, device=CPU)
+    assert res["accuracy"]["trained_original"] == 1.0 and res["accuracy"]["trained_decoupled"] == 1.0
+    n = 3 * 32
+    crit = 1.63 / np.sqrt(n)  # KS 1% critical value for one sample of n
+    assert res["ks_op_vs_dp"] < 1.63 * np.sqrt(2 / n)  # OP and DP spectra: same law
+    assert res["ks_to_theory"]["trained_original"] < crit
+    assert res["ks_to_theory"]["trained_decoupled"] < crit
+    # a wrong law is rejected by the same test: a rank-1-dominated matrix is far from the quarter circle
+    from mechfact.memory.analysis import spectrum_summary
+    bad = spectrum_summary({"x": [np.diag(np.r_[10.0, np.ones(31)])]})
+    assert bad["ks_to_theory"]["x"] > crit
+
+
+def test_rank_capacity_monotone_in_kappa(tmp_path):
+    cfg = ex.RankConfig(d=[16], kappas=[0.25, 0.5, 1.0], seeds=2, train=TrainConfig(max_steps=1500, patience=300), rel_tol=0.04)
+    res = ex.run_rank(cfg, tmp_path, device=CPU, executor=LocalExecutor(progress=False))
+    med = {s["kappa"]: s["alpha_c_median"] for s in res["summary"]}
+    assert med[0.25] < med[0.5] < med[1.0]
+    assert (tmp_path / "fig_rank.png").exists()

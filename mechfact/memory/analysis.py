@@ -47,17 +47,22 @@ def score_summary(problem: MemoryProblem, W: torch.Tensor) -> tuple[dict, dict]:
     return summary, arrays
 
 
-def spectrum_summary(Ws: dict[str, np.ndarray], kappa: float = 1.0) -> dict:
-    """Normalised singular values per W, KS distance to the (truncated) quarter circle,
-    and pairwise KS between the named matrices."""
+def _normalised(W: np.ndarray, kappa: float) -> np.ndarray:
+    s = theory.normalised_singular_values(W)
+    if kappa < 1:  # keep the m = kappa d nonzero values, renormalised
+        m = max(1, int(round(kappa * s.size)))
+        s = np.sort(s)[::-1][:m]
+        s = s / math.sqrt(np.mean(s**2))
+    return s
+
+
+def spectrum_summary(Ws: dict[str, list[np.ndarray]], kappa: float = 1.0) -> dict:
+    """Normalised singular values per named family of W (pooled over its matrices), KS distance
+    to the (truncated) quarter circle, and pairwise two-sample KS between families."""
     sv = {}
-    for k, W in Ws.items():
-        s = theory.normalised_singular_values(W)
-        if kappa < 1:
-            m = max(1, int(round(kappa * s.size)))
-            s = np.sort(s)[::-1][:m]
-            s = s / math.sqrt(np.mean(s**2))
-        sv[k] = np.sort(s)
+    for k, mats in Ws.items():
+        mats = mats if isinstance(mats, (list, tuple)) else [mats]
+        sv[k] = np.sort(np.concatenate([_normalised(np.asarray(W), kappa) for W in mats]))
     cdf = (lambda x: theory.quarter_circle_cdf(x)) if kappa >= 1 else (lambda x: theory.truncated_quarter_circle_cdf(x, kappa))
     ks_theory = {k: float(stats.kstest(v, cdf).statistic) for k, v in sv.items()}
     names = list(sv)

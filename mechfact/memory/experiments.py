@@ -307,12 +307,13 @@ def run_scores(cfg: ScoresConfig, out: str | Path, *, device: torch.device, seed
 @dataclass
 class SpectrumConfig:
     d: int = 64
-    alpha: float = 0.5  # load of the instance (the optimum is studied at or near capacity)
+    alpha: float = 0.8  # load of the instances (the optimum is studied near capacity)
     kappa: float = 1.0
+    seeds: int = 3  # singular values are pooled over this many instances
     train: TrainConfig = field(default_factory=lambda: TrainConfig(early_stop=False, max_steps=3000))
 
     def validate(self) -> None:
-        _check_common([self.d], 1, "trained", "original", self.kappa)
+        _check_common([self.d], self.seeds, "trained", "original", self.kappa)
         if self.alpha <= 0:
             raise ValueError(f"--alpha {self.alpha}: must be positive")
 
@@ -321,16 +322,17 @@ def run_spectrum(cfg: SpectrumConfig, out: str | Path, *, device: torch.device, 
     cfg.validate()
     run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.spectrum", seed=seed, device=str(device))
     p = p_for_alpha(cfg.alpha, cfg.d)
-    op = MemoryProblem("original", cfg.d, p, seed)
-    dp = MemoryProblem("decoupled", cfg.d, p, seed)
-    t_op = solvers.train([op], cfg.kappa, cfg.train, device=device)
-    t_dp = solvers.train([dp], cfg.kappa, cfg.train, device=device)
-    Ws = {"trained_original": t_op.W[0].numpy(), "trained_decoupled": t_dp.W[0].numpy(),
-          "hebb": solvers.hebb(op, cfg.kappa).numpy(), "init": t_op.W_init[0].numpy()}
+    ops = [MemoryProblem("original", cfg.d, p, seed + k) for k in range(cfg.seeds)]
+    dps = [MemoryProblem("decoupled", cfg.d, p, seed + k) for k in range(cfg.seeds)]
+    t_op = solvers.train(ops, cfg.kappa, cfg.train, device=device)
+    t_dp = solvers.train(dps, cfg.kappa, cfg.train, device=device)
+    hebbs = [solvers.hebb(op, cfg.kappa) for op in ops]
+    Ws = {"trained_original": [w.numpy() for w in t_op.W], "trained_decoupled": [w.numpy() for w in t_dp.W],
+          "hebb": [w.numpy() for w in hebbs], "init": [w.numpy() for w in t_op.W_init]}
     spec = analysis.spectrum_summary(Ws, cfg.kappa)
-    result = {"d": cfg.d, "p": p, "alpha": load(p, cfg.d), "kappa": cfg.kappa,
-              "accuracy": {"trained_original": t_op.accuracy[0], "trained_decoupled": t_dp.accuracy[0],
-                           "hebb": analysis.accuracy(op, torch.from_numpy(Ws["hebb"]))},
+    result = {"d": cfg.d, "p": p, "alpha": load(p, cfg.d), "kappa": cfg.kappa, "seeds": cfg.seeds,
+              "accuracy": {"trained_original": float(np.mean(t_op.accuracy)), "trained_decoupled": float(np.mean(t_dp.accuracy)),
+                           "hebb": float(np.mean([analysis.accuracy(op, w) for op, w in zip(ops, hebbs)]))},
               "ks_op_vs_dp": spec["ks_pairs"]["trained_original|trained_decoupled"],
               "ks_to_theory": spec["ks_to_theory"], "ks_pairs": spec["ks_pairs"],
               "singular_values": {k: np.round(v, 6).tolist() for k, v in spec["singular_values"].items()}}
@@ -350,6 +352,7 @@ class RankConfig:
     seeds: int = 3
     problem: str = "original"
     train: TrainConfig = field(default_factory=TrainConfig)
+    rel_tol: float = 0.01  # bisection resolution on p_c (see CapacityConfig)
 
     def validate(self) -> None:
         for k in self.kappas:
@@ -366,7 +369,7 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
     jobs = []
     for kappa in cfg.kappas:
         s = SolverConfig(method="trained", problem=cfg.problem, kappa=kappa, train=cfg.train)
-        ccfg = CapacityConfig(d=cfg.d, seeds=cfg.seeds, solver=s)
+        ccfg = CapacityConfig(d=cfg.d, seeds=cfg.seeds, solver=s, rel_tol=cfg.rel_tol)
         memo = result["evaluations"].setdefault(str(kappa), {})
         for d in cfg.d:
             todo = [seed + k for k in range(cfg.seeds) if (d, kappa, seed + k) not in done]

@@ -112,7 +112,7 @@ def plot_rank(result: dict, path) -> None:
                     yerr=[[s["alpha_c_median"] - s["alpha_c_q25"] for s in rows], [s["alpha_c_q75"] - s["alpha_c_median"] for s in rows]],
                     fmt="o-", capsize=3, label=f"measured d={d}")
     ks = np.linspace(0.05, 1, 60)
-    ax.plot(ks, [theory.alpha_c_rank_dof(k) for k in ks], "k--", lw=1, label=r"$\frac12\kappa(2-\kappa)$")
+    ax.plot(ks, [theory.alpha_c_rank_dof(k) for k in ks], "k--", lw=1, label=r"$\frac{1}{2}\kappa(2-\kappa)$")
     ax.plot(ks, [theory.alpha_c_rank_energy(k) for k in ks], "k:", lw=1, label="1/2 x quarter-circle energy")
     ax.set_xlabel(r"rank fraction $\kappa = m/d$")
     ax.set_ylabel(r"$\alpha_c(\kappa)$")
