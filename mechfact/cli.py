@@ -37,6 +37,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=5000, help="Adam step budget per run (default 5000)")
     p.add_argument("--lr", type=float, default=1.0, help="Adam learning rate (default 1.0)")
     p.add_argument("--loss", default="ce", choices=("ce", "ce-margin", "hinge2"), help="training loss (default ce)")
+    p.add_argument("--patience", type=int, default=1500,
+                   help="give up a run after this many steps without fewer errors; 0 = never (default 1500)")
 
 
 def _solver_args(p: argparse.ArgumentParser) -> None:
@@ -65,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = msub.add_parser("capacity", help="perfect-recall capacity p_c per (d, seed) by bisection")
     p.add_argument("--d", type=int, nargs="+", default=[24, 32, 48, 64])
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--alpha-lo", type=float, default=0.02, help="initial lower bracket on alpha (default 0.02)")
+    p.add_argument("--alpha-hi", type=float, default=1.5, help="initial upper bracket on alpha (default 1.5)")
+    p.add_argument("--rel-tol", type=float, default=0.01, help="bisection resolution on p_c, relative (default 0.01)")
     _solver_args(p)
     _common(p)
 
@@ -107,7 +112,9 @@ def _train_cfg(a, **over):
         raise UsageError(f"--steps {a.steps}: must be at least 1")
     if a.lr <= 0:
         raise UsageError(f"--lr {a.lr}: must be positive")
-    return TrainConfig(lr=a.lr, max_steps=a.steps, loss=a.loss, **over)
+    if a.patience < 0:
+        raise UsageError(f"--patience {a.patience}: must be >= 0")
+    return TrainConfig(lr=a.lr, max_steps=a.steps, loss=a.loss, patience=a.patience, **over)
 
 
 def _run_memory(a) -> None:
@@ -121,7 +128,8 @@ def _run_memory(a) -> None:
             cfg.validate()
             ex.run_sweep(cfg, a.out, device=device, seed=a.seed)
         else:
-            cfg = ex.CapacityConfig(d=a.d, seeds=a.seeds, solver=solver)
+            cfg = ex.CapacityConfig(d=a.d, seeds=a.seeds, solver=solver, alpha_lo=a.alpha_lo, alpha_hi=a.alpha_hi,
+                                    rel_tol=a.rel_tol)
             cfg.validate()
             ex.run_capacity(cfg, a.out, device=device, seed=a.seed)
     elif a.sub == "scores":

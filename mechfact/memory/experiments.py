@@ -147,7 +147,9 @@ class CapacityConfig:
     def validate(self) -> None:
         _check_common(self.d, self.seeds, self.solver.method, self.solver.problem, self.solver.kappa)
         if not (0 < self.alpha_lo < self.alpha_hi):
-            raise ValueError(f"alpha_lo {self.alpha_lo} / alpha_hi {self.alpha_hi}: need 0 < lo < hi")
+            raise ValueError(f"--alpha-lo {self.alpha_lo} / --alpha-hi {self.alpha_hi}: need 0 < alpha-lo < alpha-hi")
+        if not (0 <= self.rel_tol < 0.5):
+            raise ValueError(f"--rel-tol {self.rel_tol}: must lie in [0, 0.5)")
 
 
 def _bisect_round(states: list[dict], rel_tol: float = 0.0) -> list[tuple[int, int]]:
