@@ -105,10 +105,17 @@ class MemoryProblem:
                 out[r0 - start : r1 - start, c0:c1] = block[r0 - i * ROW_BLOCK : r1 - i * ROW_BLOCK, : c1 - c0]
         return out / math.sqrt(self.d)
 
-    def competitor_chunks(self, rows: int = ROW_BLOCK) -> Iterator[tuple[int, int, Tensor]]:
-        for start in range(0, self.p, rows):
-            stop = min(self.p, start + rows)
-            yield start, stop, self.competitors(start, stop)
+    def competitor_blocks(self, i: int) -> Iterator[tuple[int, int, Tensor]]:
+        """For input block i: (c0, c1, competitors[rows of block i, c0:c1]) one block at a time."""
+        if self.kind != "decoupled":
+            raise ValueError("competitor_blocks() exists only for the decoupled problem")
+        rows = min(self.p, (i + 1) * ROW_BLOCK) - i * ROW_BLOCK
+        n_comp = self.p - 1
+        for j in range(math.ceil(n_comp / COMP_BLOCK)):
+            g = generator(self.seed, "C", self.d, i, j)
+            block = torch.randn(ROW_BLOCK, COMP_BLOCK, self.d, generator=g)
+            c0, c1 = j * COMP_BLOCK, min(n_comp, (j + 1) * COMP_BLOCK)
+            yield c0, c1, block[:rows, : c1 - c0] / math.sqrt(self.d)
 
     def dense_bytes(self) -> int:
         """Bytes a dense float32 copy of the competitors would take."""
@@ -159,9 +166,11 @@ def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors:
             means.append(C.mean(1)); stds.append(C.std(1)); maxs.append(C.max(1).values)
             if keep_competitors:
                 comps.append(C)
-    else:
-        for start, stop, Cv in problem.competitor_chunks(chunk):
-            C = torch.einsum("rkd,rd->rk", Cv.double(), V[start:stop])
+    else:  # one (64 inputs x 256 candidates) block at a time: memory stays O(block), whatever p
+        for i in range(math.ceil(problem.p / ROW_BLOCK)):
+            Vi = V[i * ROW_BLOCK : (i + 1) * ROW_BLOCK]
+            parts = [torch.einsum("rkd,rd->rk", Cb.double(), Vi) for _, _, Cb in problem.competitor_blocks(i)]
+            C = torch.cat(parts, 1)  # (rows, p-1) scores only
             means.append(C.mean(1)); stds.append(C.std(1)); maxs.append(C.max(1).values)
             if keep_competitors:
                 comps.append(C)
