@@ -156,10 +156,12 @@ def test_claim_scores_mechanism(tmp_path):
 
 
 def test_fit_extrapolation_recovers_known_line():
-    caps = [{"p_c": p, "alpha_c": 0.5 + 2.0 / np.log(p)} for p in (50, 100, 400, 1600)]
+    caps = [{"d": p // 10, "p_c": p, "alpha_c": 0.5 + 2.0 / np.log(p)} for p in (50, 100, 400, 1600)]
     fit = ex.fit_extrapolation(caps)
     assert fit["alpha_inf"] == pytest.approx(0.5, abs=1e-9)
     assert fit["slope"] == pytest.approx(2.0, abs=1e-9)
+    one_d = [dict(c, d=32) for c in caps]
+    assert ex.fit_extrapolation(one_d)["alpha_inf"] is None  # seed spread at one d is not a size trend
 
 
 def test_spectrum_op_matches_dp_and_quarter_circle(tmp_path):

@@ -225,9 +225,12 @@ def summarise_capacity(caps: list[dict]) -> tuple[list[dict], dict]:
 
 
 def fit_extrapolation(caps: list[dict]) -> dict:
-    """Least squares alpha_c = a + b x with x = 1 / ln p_c; a is the infinite-size value."""
+    """Least squares alpha_c = a + b x with x = 1 / ln p_c; a is the infinite-size value.
+
+    Needs at least two distinct d: within one d, the spread of p_c is seed noise, not size.
+    """
     pts = [(1 / math.log(c["p_c"]), c["alpha_c"]) for c in caps if c["p_c"] >= 3]
-    if len({round(x, 12) for x, _ in pts}) < 2:
+    if len({c.get("d") for c in caps}) < 2 or len({round(x, 12) for x, _ in pts}) < 2:
         return {"alpha_inf": None, "alpha_inf_se": None, "slope": None, "n": len(pts)}
     x, y = np.array(pts).T
     r = stats.linregress(x, y)
