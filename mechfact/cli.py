@@ -39,6 +39,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", default="ce", choices=("ce", "ce-margin", "hinge2"), help="training loss (default ce)")
     p.add_argument("--patience", type=int, default=1500,
                    help="give up a run after this many steps without fewer errors; 0 = never (default 1500)")
+    p.add_argument("--active-set", type=int, default=0,
+                   help="train on each input's K strongest competitors, refreshed and checked exactly every 20 steps; "
+                        "0 = all competitors (default 0)")
 
 
 def _solver_args(p: argparse.ArgumentParser) -> None:
@@ -114,7 +117,9 @@ def _train_cfg(a, **over):
         raise UsageError(f"--lr {a.lr}: must be positive")
     if a.patience < 0:
         raise UsageError(f"--patience {a.patience}: must be >= 0")
-    return TrainConfig(lr=a.lr, max_steps=a.steps, loss=a.loss, patience=a.patience, **over)
+    if a.active_set < 0:
+        raise UsageError(f"--active-set {a.active_set}: must be >= 0")
+    return TrainConfig(lr=a.lr, max_steps=a.steps, loss=a.loss, patience=a.patience, active_set=a.active_set, **over)
 
 
 def _run_memory(a) -> None:

@@ -72,3 +72,25 @@ def test_bad_problem_arguments():
         MemoryProblem("shared", 4, 10, 0)
     with pytest.raises(ValueError, match="d=0"):
         MemoryProblem("original", 0, 10, 0)
+
+
+def test_decoupled_scores_never_hold_dense_candidates():
+    """p = 4000, d = 32: dense candidates would take 2 GB; chunked scoring stays far below."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, torch\n"
+        "torch.set_num_threads(1)\n"
+        "from mechfact.memory.problems import MemoryProblem, scores\n"
+        "from mechfact.memory.solvers import hebb\n"
+        "pr = MemoryProblem('decoupled', 32, 4000, 0)\n"
+        "acc = scores(pr, hebb(pr)).accuracy\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, pr.dense_bytes() / 1e9, acc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    peak_gb, dense_gb, acc = map(float, out.stdout.split())
+    assert dense_gb > 2.0
+    assert peak_gb < 0.9  # interpreter + torch + O(block) buffers
+    assert 0.0 <= acc <= 1.0

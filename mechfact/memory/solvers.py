@@ -70,6 +70,9 @@ class TrainConfig:
     margin: float = 1.0  # margin used by "ce-margin" and "hinge2"
     early_stop: bool = True  # stop a run at its first perfect recall (capacity); False trains the full budget
     patience: int = 1500  # give up on a run whose error count has not reached a new minimum for this many steps (0: never)
+    active_set: int = 0  # if > 0: CE over each input's K strongest competitors, refreshed (with an exact
+    #                      perfect-recall check on all competitors) every `refresh` steps; 0 = all competitors
+    refresh: int = 20  # steps between active-set refreshes
     dp_memory_gb: float = 4.0  # max GB of dense DP competitors held per batch
 
 
@@ -152,39 +155,65 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
     eye = torch.eye(P, dtype=torch.bool, device=dev)[None]
     idx = torch.arange(B, device=dev)  # runs still training; tensors are re-packed when it shrinks
     E_a, T_a, C_a, rv_a, cv_a, ps_a = E, T, C, row_valid, col_valid, ps
-    for step in range(cfg.max_steps + 1):
-        W = weight()[idx]
-        V = torch.bmm(E_a, W.transpose(1, 2))  # (b, P, d): v_mu = W e_mu
+    K = cfg.active_set if cfg.active_set and cfg.active_set < P - 1 else 0
+    top = None  # (b, P, K) indices of each input's strongest competitors (active-set mode)
+
+    def full_scores(V):
         if kind == "original":
             S = torch.bmm(V, T_a.transpose(1, 2))  # (b, P, P): S[b, mu, rho] = u_rho . v_mu
             S = S.masked_fill(~cv_a[:, None, :], neg)
-            tgt = torch.diagonal(S, dim1=1, dim2=2)
-            comp_all = S.masked_fill(eye, neg)
+            return torch.diagonal(S, dim1=1, dim2=2), S.masked_fill(eye, neg)
+        b_, P_, K_ = C_a.shape[:3]  # (b, P, P-1, d) @ (b, P, d) as one bmm (faster than einsum on CPU)
+        comp = torch.bmm(C_a.reshape(b_ * P_, K_, d), V.reshape(b_ * P_, d, 1)).view(b_, P_, K_)
+        return (T_a * V).sum(-1), comp.masked_fill(~cv_a[:, None, :], neg)
+
+    def active_scores(V):
+        b_ = V.shape[0]
+        rows = torch.arange(P, device=dev)[None, :, None]
+        if kind == "original":
+            cand = T_a[torch.arange(b_, device=dev)[:, None, None], top]  # (b, P, K, d)
         else:
-            tgt = (T_a * V).sum(-1)  # (b, P)
-            b_, P_, K_ = C_a.shape[:3]  # (b, P, P-1, d) @ (b, P, d) as one bmm (faster than einsum on CPU)
-            comp_all = torch.bmm(C_a.reshape(b_ * P_, K_, d), V.reshape(b_ * P_, d, 1)).view(b_, P_, K_)
-            comp_all = comp_all.masked_fill(~cv_a[:, None, :], neg)
-        comp_max = comp_all.amax(-1)
-        with torch.no_grad():
-            ok = (tgt > comp_max) & rv_a
-            acc = ok.sum(1).float() / ps_a
-            improved = (acc >= best_acc[idx]) if not cfg.early_stop else (acc > best_acc[idx])
-            if improved.any():
-                best_acc[idx[improved]] = acc[improved]
-                best_W[idx[improved]] = W.detach()[improved]
-            finished = (acc >= 1.0) if cfg.early_stop else torch.zeros_like(improved)
-            if cfg.patience and cfg.early_stop:
-                err = (rv_a & ~ok).sum(1)
-                gained = err < best_err[idx]
-                best_err[idx[gained]] = err[gained]
-                last_gain[idx[gained]] = step
-                finished = finished | (step - last_gain[idx] >= cfg.patience)
-            for b in idx[finished].tolist():
-                steps[b] = step
-            done[idx[finished]] = True
+            cand = C_a[torch.arange(b_, device=dev)[:, None, None], rows, top]  # (b, P, K, d)
+        comp = torch.einsum("bpkd,bpd->bpk", cand, V)
+        valid = torch.gather(cv_a[:, None, :].expand(-1, P, -1), 2, top) if kind == "decoupled" else \
+            torch.gather(cv_a[:, None, :].expand(-1, P, -1), 2, top) & (top != rows)
+        return (T_a * V).sum(-1), comp.masked_fill(~valid, neg)
+
+    for step in range(cfg.max_steps + 1):
+        W = weight()[idx]
+        V = torch.bmm(E_a, W.transpose(1, 2))  # (b, P, d): v_mu = W e_mu
+        check = K == 0 or step % cfg.refresh == 0 or step == cfg.max_steps
+        if K == 0:
+            tgt, comp_all = full_scores(V)
+        elif check:  # exact check on all competitors, then refresh the active set
+            with torch.no_grad():
+                tgt, comp_all = full_scores(V)
+                top = comp_all.topk(K, dim=-1).indices
+        if not check:
+            finished = torch.zeros(len(idx), dtype=torch.bool, device=dev)
+        else:
+            comp_max = comp_all.amax(-1)
+            with torch.no_grad():
+                ok = (tgt > comp_max) & rv_a
+                acc = ok.sum(1).float() / ps_a
+                improved = (acc >= best_acc[idx]) if not cfg.early_stop else (acc > best_acc[idx])
+                if improved.any():
+                    best_acc[idx[improved]] = acc[improved]
+                    best_W[idx[improved]] = W.detach()[improved]
+                finished = (acc >= 1.0) if cfg.early_stop else torch.zeros_like(improved)
+                if cfg.patience and cfg.early_stop:
+                    err = (rv_a & ~ok).sum(1)
+                    gained = err < best_err[idx]
+                    best_err[idx[gained]] = err[gained]
+                    last_gain[idx[gained]] = step
+                    finished = finished | (step - last_gain[idx] >= cfg.patience)
+                for b in idx[finished].tolist():
+                    steps[b] = step
+                done[idx[finished]] = True
         if bool(done.all()) or step == cfg.max_steps:
             break
+        if K:  # loss on the active set only (the full set is checked at each refresh)
+            tgt, comp_all = active_scores(V)
         if cfg.loss == "hinge2":
             per_input = torch.relu(cfg.margin - (tgt[..., None] - comp_all)).pow(2).sum(-1)
         else:
@@ -203,6 +232,7 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
             idx = idx[keep]
             E_a, T_a, rv_a, cv_a, ps_a = E_a[keep], T_a[keep], rv_a[keep], cv_a[keep], ps_a[keep]
             C_a = C_a[keep] if C_a is not None else None
+            top = top[keep] if top is not None else None
     Ws = [w.cpu() for w in best_W]
     accs = [scores(pr, w).accuracy for pr, w in zip(problems, Ws)]  # exact float64 re-check
     return TrainOutput(W=Ws, accuracy=accs, steps=steps.tolist(), W_init=W_init)

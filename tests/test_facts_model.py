@@ -1,0 +1,206 @@
+import json
+
+import pytest
+import torch
+
+from mechfact.facts import hooks
+from mechfact.facts.model import FactModel, FactModelConfig
+from mechfact.facts.train import loss_fn
+from mechfact.facts.world import FactWorld
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The CPU is shared with long experiments: tiny tensors run fastest on one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+N, R, D, M = 12, 3, 16, 24
+HOOKS = [hooks.embed(), hooks.resid(0, "pre"), hooks.attn_pattern(0), hooks.attn_out(0), hooks.resid(0, "mid"),
+         hooks.mlp_pre(0), hooks.mlp_post(0), hooks.mlp_out(0), hooks.resid(0, "post")]
+
+
+def make(**kw) -> FactModel:
+    return FactModel(FactModelConfig(N, R, d=D, mlp_width=M, **kw))
+
+
+def tokens(batch: int = 5, world: FactWorld | None = None) -> torch.Tensor:
+    return (world or FactWorld(N, R, seed=0)).k_hop(2, n=batch, seed=0).tokens  # (batch, 3)
+
+
+def test_hook_helpers():
+    assert hooks.embed() == "hook_embed"
+    assert hooks.resid(2, "mid") == "blocks.2.hook_resid_mid"
+    assert hooks.resid(0) == "blocks.0.hook_resid_post"
+    assert hooks.attn_pattern(1) == "blocks.1.attn.hook_pattern"
+    assert (hooks.mlp_pre(0), hooks.mlp_post(0)) == ("blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_post")
+    with pytest.raises(ValueError, match="where='out'"):
+        hooks.resid(0, "out")
+    with pytest.raises(ValueError, match="layer=-1"):
+        hooks.mlp_post(-1)
+
+
+@pytest.mark.parametrize("attention", ["uniform", "learned"])
+def test_run_with_cache_shapes(attention):
+    model = make(attention=attention)
+    assert set(HOOKS) <= set(model.hook_dict)
+    toks = tokens()
+    logits, cache = model.run_with_cache(toks)
+    assert logits.shape == (5, 3, N)  # every position, entity vocabulary
+    assert torch.equal(logits, model(toks))
+    shapes = {n: (5, 3, D) for n in HOOKS}
+    shapes[hooks.attn_pattern(0)] = (5, 1, 3, 3)
+    shapes[hooks.mlp_pre(0)] = shapes[hooks.mlp_post(0)] = (5, 3, M)
+    for name in HOOKS:
+        assert tuple(cache[name].shape) == shapes[name], name
+    pattern = cache[hooks.attn_pattern(0)][:, 0]
+    assert torch.allclose(pattern.sum(-1), torch.ones(5, 3))
+    assert (pattern.triu(1) == 0).all()  # causal
+    if attention == "uniform":
+        assert torch.allclose(pattern[0, 2], torch.full((3,), 1 / 3))
+    resid = cache[hooks.resid(0, "mid")]
+    assert torch.allclose(resid, cache[hooks.resid(0, "pre")] + cache[hooks.attn_out(0)])
+
+
+def test_positional_embeddings_hook():
+    model = make(n_ctx=4, attention="learned")
+    _, cache = model.run_with_cache(tokens())
+    assert cache[hooks.pos_embed()].shape == (5, 3, D)
+    with pytest.raises(ValueError, match="n_ctx=4"):
+        model(torch.zeros(1, 5, dtype=torch.long))
+
+
+def test_mlp_ablation_changes_logits_and_hooks_reset():
+    model = make()
+    toks = tokens()
+    clean = model(toks)
+    ablated = model.run_with_hooks(toks, fwd_hooks=[(hooks.mlp_post(0), lambda act, hook: torch.zeros_like(act))])
+    assert not torch.allclose(clean, ablated)
+    # with the MLP ablated (b_out = 0) the logits are the attention path only
+    _, cache = model.run_with_cache(toks)
+    assert torch.allclose(ablated, cache[hooks.resid(0, "mid")] @ model.W_U, atol=1e-5)
+    assert torch.equal(model(toks), clean)  # hooks removed afterwards
+
+
+def test_pattern_can_be_patched_in_place():
+    model = make()
+    toks = tokens()
+
+    def only_first(pattern, hook):
+        pattern[:] = 0
+        pattern[..., 0] = 1  # every position reads the subject only
+        return pattern
+
+    patched = model.run_with_hooks(toks, fwd_hooks=[(hooks.attn_pattern(0), only_first)])
+    assert torch.allclose(patched[:, 0], model(toks)[:, 0])  # position 0 already attends to itself only
+    assert not torch.allclose(patched[:, 2], model(toks)[:, 2])
+
+
+def test_causal():
+    model = make(attention="learned")
+    a = torch.tensor([[0, N, N + 1]])
+    b = torch.tensor([[0, N, N + 2]])
+    assert torch.allclose(model(a)[:, :2], model(b)[:, :2])
+
+
+def _one_step(model: FactModel) -> None:
+    q = FactWorld(N, R, seed=0).single_hop()
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    loss_fn(model, q.tokens, q.targets).backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("regime, ent_fixed, unembed_fixed", [
+    ("trainable", False, False), ("frozen", True, True), ("frozen-input", True, False)])
+def test_frozen_regimes(regime, ent_fixed, unembed_fixed):
+    model = make(embeddings=regime)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _one_step(model)
+    assert torch.equal(model.W_E_ent, before["W_E_ent"]) == ent_fixed
+    assert torch.equal(model.W_U, before["W_U_ent"]) == unembed_fixed
+    assert not torch.equal(model.W_E_rel, before["W_E_rel"])  # relations always learn
+    assert not torch.equal(model.blocks[0].mlp.W_in, before["blocks.0.mlp.W_in"])
+    params = dict(model.named_parameters())
+    assert ("W_E_ent" in params) != ent_fixed and ("W_U_ent" in params) != unembed_fixed
+
+
+def test_frozen_init_is_n0_i_over_d():
+    model = FactModel(FactModelConfig(2000, 1, d=64, embeddings="frozen"))
+    assert model.W_E_ent.pow(2).sum(1).mean().item() == pytest.approx(1.0, abs=0.05)
+    assert model.W_U.pow(2).sum(0).mean().item() == pytest.approx(1.0, abs=0.05)
+
+
+def test_tied():
+    model = make(tied=True)
+    assert torch.equal(model.W_U, model.W_E_ent.T) and "W_U_ent" not in model.state_dict()
+    frozen = make(tied=True, embeddings="frozen")
+    _one_step(frozen)
+    assert torch.equal(frozen.W_U, frozen.W_E_ent.T)
+
+
+def test_seeded_init():
+    a, b, c = make(seed=1), make(seed=1), make(seed=2)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not torch.equal(a.W_E_ent, c.W_E_ent)
+
+
+def test_config_round_trip_and_errors():
+    cfg = FactModelConfig(N, R, d=D, mlp_width=M, attention="learned", embeddings="frozen-input", n_ctx=8, seed=3)
+    assert FactModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ValueError, match="unknown FactModelConfig keys"):
+        FactModelConfig.from_dict({**cfg.to_dict(), "width": 3})
+    with pytest.raises(ValueError, match="attention='softmax'"):
+        FactModelConfig(N, R, attention="softmax")
+    with pytest.raises(ValueError, match="embeddings='fixed'"):
+        FactModelConfig(N, R, embeddings="fixed")
+    with pytest.raises(ValueError, match="contradictory"):
+        FactModelConfig(N, R, tied=True, embeddings="frozen-input")
+    with pytest.raises(ValueError, match="d=0"):
+        FactModelConfig(N, R, d=0)
+
+
+def test_bad_tokens():
+    model = make()
+    with pytest.raises(ValueError, match="allowed 0..15"):
+        model(torch.tensor([[0, 16]]))
+    with pytest.raises(ValueError, match="expected \\(batch, pos\\)"):
+        model(torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("regime", ["trainable", "frozen", "frozen-input"])
+def test_save_load_round_trip(tmp_path, regime):
+    model = make(embeddings=regime, attention="learned", seed=4)
+    _one_step(model)
+    model.save(tmp_path / "ckpt")
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"config.json", "model.safetensors"}
+    loaded = FactModel.load(tmp_path / "ckpt")
+    assert loaded.cfg == model.cfg
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    toks = tokens()
+    assert torch.equal(loaded(toks), model(toks))
+
+
+def test_load_errors(tmp_path):
+    path = make().save(tmp_path / "ckpt")
+    weights = path / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ValueError, match="corrupted weights"):
+        FactModel.load(path)
+    weights.write_bytes(good)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "d": D + 1}))
+    with pytest.raises(ValueError, match="does not match the config"):
+        FactModel.load(path)
+    (path / "config.json").write_text(json.dumps({**cfg, "attention": "learned"}))
+    with pytest.raises(ValueError, match="missing .*W_Q"):
+        FactModel.load(path)
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupted config"):
+        FactModel.load(path)
+    with pytest.raises(ValueError, match="missing config.json"):
+        FactModel.load(tmp_path / "nowhere")

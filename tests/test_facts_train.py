@@ -1,0 +1,75 @@
+import math
+
+import pytest
+import torch
+
+from mechfact.facts.evaluate import evaluate
+from mechfact.facts.model import FactModel, FactModelConfig
+from mechfact.facts.train import TrainConfig, train
+from mechfact.facts.world import IGNORE, FactWorld
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The CPU is shared with long experiments: tiny tensors run fastest on one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _fit(seed: int = 0):
+    world = FactWorld(32, 2, seed=0)
+    model = FactModel(FactModelConfig(32, 2, d=32, mlp_width=64, embeddings="trainable", seed=seed))
+    res = train(model, world, TrainConfig(steps=500, target_accuracy=0.99, eval_every=10, seed=seed))
+    return model, res
+
+
+def test_tiny_world_is_memorised_and_deterministic():
+    model, res = _fit()
+    assert res["accuracy"] >= 0.99 and min(res["per_relation"]) >= 0.99
+    assert res["steps"] < 500 and res["history"][-1]["accuracy"] >= 0.99
+    again, res2 = _fit()
+    assert res2["steps"] == res["steps"]
+    for (k, v), v2 in zip(model.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(v, v2), k
+
+
+def test_minibatch_and_config_errors():
+    world = FactWorld(8, 2, seed=0)
+    model = FactModel(FactModelConfig(8, 2, d=8, mlp_width=16))
+    res = train(model, world, TrainConfig(steps=3, batch_size=4, target_accuracy=None, eval_every=2))
+    assert res["steps"] == 3 and [h["step"] for h in res["history"]] == [2, 3] and math.isfinite(res["loss"])
+    for bad, match in (({"lr": 0}, "lr=0"), ({"batch_size": 0}, "batch_size=0"),
+                       ({"target_accuracy": 1.5}, "target_accuracy=1.5")):
+        with pytest.raises(ValueError, match=match):
+            TrainConfig(**bad)
+    with pytest.raises(ValueError, match="unknown TrainConfig keys"):
+        TrainConfig.from_dict({"learning_rate": 1.0})
+
+
+class _Oracle(torch.nn.Module):
+    """Emits one-hot logits for given targets (IGNORE -> entity 0)."""
+
+    def __init__(self, world, targets):
+        super().__init__()
+        self.cfg = FactModelConfig(world.n_entities, world.n_relations)
+        self.targets = targets
+        self.device = torch.device("cpu")
+
+    def forward(self, tokens):
+        return torch.nn.functional.one_hot(self.targets.clamp(min=0), self.cfg.n_entities).float()
+
+
+def test_evaluate_scores_whole_chains():
+    world = FactWorld(6, 2, seed=0)
+    q = world.k_hop(3, cot=True)
+    assert evaluate(_Oracle(world, q.targets), world, q)["accuracy"] == 1.0
+    wrong = q.targets.clone()
+    wrong[0, 4] = (wrong[0, 4] + 1) % 6  # one intermediate step wrong -> that chain fails
+    res = evaluate(_Oracle(world, wrong), world, q, batch_size=len(q))
+    assert res["accuracy"] == pytest.approx(1 - 1 / len(q))
+    assert res["token_accuracy"] == pytest.approx(1 - 1 / (3 * len(q)))
+    last = q.relations[0, -1].item()
+    assert res["per_relation"][last] < 1.0 and res["per_relation"][1 - last] == 1.0
+    assert (q.targets[:, :3] == IGNORE).all()
