@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import resource
 import subprocess
 import sys
 import time

@@ -10,13 +10,7 @@ from mechfact.facts.evaluate import evaluate, greedy_chain
 from mechfact.facts.world import FactWorld
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The CPU is shared with long experiments: tiny tensors run fastest on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_superpose_block_layout():

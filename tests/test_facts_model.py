@@ -9,13 +9,7 @@ from mechfact.facts.train import loss_fn
 from mechfact.facts.world import FactWorld
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The CPU is shared with long experiments: tiny tensors run fastest on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 N, R, D, M = 12, 3, 16, 24

@@ -9,13 +9,7 @@ from mechfact.facts.train import TrainConfig, train
 from mechfact.facts.world import IGNORE, FactWorld
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The CPU is shared with long experiments: tiny tensors run fastest on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _fit(seed: int = 0):

@@ -4,13 +4,7 @@ import torch
 from mechfact.facts.world import IGNORE, FactWorld, Queries
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The CPU is shared with long experiments: tiny tensors run fastest on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_perms_are_seeded_bijections():

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
