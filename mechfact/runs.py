@@ -97,6 +97,13 @@ def check_writable(out: str | os.PathLike) -> Path:
     return path
 
 
+def _same_config(old: Any, new: Any) -> bool:
+    """Equal, except that keys the old config lacks (options added to mechfact since) are ignored."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return set(old) <= set(new) and all(_same_config(old[k], new[k]) for k in old)
+    return old == new
+
+
 class RunDir:
     """A run directory with the standard files.
 
@@ -115,7 +122,7 @@ class RunDir:
         self.config = {"kind": kind, **cfg}
         if cfg_file.exists():
             old = read_json(cfg_file)
-            if old != self.config:
+            if not _same_config(old, self.config):
                 raise ValueError(
                     f"--out {self.path}: holds a run with a different config; use another --out or delete it "
                     f"(differs in: {', '.join(sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k)))})"
