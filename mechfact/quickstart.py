@@ -26,9 +26,9 @@ def run_quickstart(out: str | Path, *, device: torch.device, seed: int = 0, fast
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    ds = [12, 16] if fast else [16, 24, 32]
+    ds = [12, 16] if fast else [16, 24]
     seeds = 2 if fast else 3
-    train = TrainConfig(max_steps=1500 if fast else 3000, patience=300 if fast else 800)
+    train = TrainConfig(max_steps=1500 if fast else 2000, patience=300 if fast else 500)
     ex_ = LocalExecutor(progress=True, desc="quickstart")
     sections = []
 
@@ -53,7 +53,7 @@ def run_quickstart(out: str | Path, *, device: torch.device, seed: int = 0, fast
         config={m: read_json(out / f"memory_capacity_{m}" / "config.json") for m in caps}))
 
     logger.info("2/3 score distributions")
-    sc = ex.run_scores(ex.ScoresConfig(d=24 if fast else 48, alpha=0.5, train=train), out / "memory_scores", device=device, seed=seed)
+    sc = ex.run_scores(ex.ScoresConfig(d=24 if fast else 32, alpha=0.5, train=train), out / "memory_scores", device=device, seed=seed)
     srows = [{"method": m, **{k: v for k, v in s.items() if k in ("accuracy", "z_target_mean", "z_target_std",
                                                                  "z_max_competitor_mean", "z_margin_mean", "z_margin_min",
                                                                  "evt_sqrt_2lnp", "expected_max_gaussian")}}
@@ -66,8 +66,8 @@ def run_quickstart(out: str | Path, *, device: torch.device, seed: int = 0, fast
         figures=[out / "memory_scores" / "fig_scores.png"], config=read_json(out / "memory_scores" / "config.json")))
 
     logger.info("3/3 singular-value spectra")
-    sp = ex.run_spectrum(ex.SpectrumConfig(d=24 if fast else 48, alpha=0.7, seeds=2 if fast else 3,
-                                           train=TrainConfig(early_stop=False, max_steps=300 if fast else 1000)),
+    sp = ex.run_spectrum(ex.SpectrumConfig(d=24 if fast else 32, alpha=0.7, seeds=2 if fast else 3,
+                                           train=TrainConfig(early_stop=False, max_steps=300 if fast else 600)),
                          out / "memory_spectrum", device=device, seed=seed)
     sections.append(Section(
         "Spectra of W", "Singular values normalised to unit mean square against the quarter-circle law; KS distances.",

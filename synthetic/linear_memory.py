@@ -41,6 +41,7 @@ def configs() -> dict[str, object]:
                                                    alpha_lo=0.6, alpha_hi=1.05, rel_tol=0.02),
         "cap_trained_op_active": active([64, 96, 128], "original"),
         "cap_trained_op_active48": active([48], "original"),
+        "cap_trained_op_active128": active([128], "original"),  # d = 128 in parallel with the run above
         "cap_trained_dp_active": active([48, 64], "decoupled"),
         "cap_separable_op": ex.CapacityConfig(d=[12, 16, 20], seeds=5, solver=ex.SolverConfig(method="separable"),
                                               alpha_lo=0.3, rel_tol=0.0),

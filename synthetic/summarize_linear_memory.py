@@ -68,3 +68,37 @@ def main(root: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "runs/linear_memory")
+
+
+def plot_all(root: Path, path: Path) -> None:
+    """One figure: median alpha_c (IQR bars) against 1/ln p_c for every capacity run, with 1/2 and 1/8."""
+    import math
+
+    import numpy as np
+
+    from mechfact.memory import theory
+    from mechfact.plotting import plt, save
+
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    for res_file in sorted(root.glob("cap_*/result.json")):
+        r = json.loads(res_file.read_text())
+        if not r["summary"]:
+            continue
+        xs, ys, lo, hi = [], [], [], []
+        for s in r["summary"]:
+            pcs = [c["p_c"] for c in r["capacity"] if c["d"] == s["d"]]
+            xs.append(1 / math.log(float(np.median(pcs))))
+            ys.append(s["alpha_c_median"]); lo.append(s["alpha_c_median"] - s["alpha_c_q25"]); hi.append(s["alpha_c_q75"] - s["alpha_c_median"])
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", ms=4, capsize=2, label=res_file.parent.name.replace("cap_", ""))
+    ax.axhline(theory.ALPHA_OPTIMAL, color="k", ls="--", lw=1, label="optimal 1/2")
+    ax.axhline(theory.ALPHA_HEBB, color="tab:red", ls=":", lw=1, label="Hebb 1/8")
+    ax.set_xlim(left=0)
+    ax.set_xlabel(r"$1/\ln p_c$  (0 = infinite size)")
+    ax.set_ylabel(r"perfect-recall capacity $\alpha_c = p_c\ln p_c/d^2$ (median, IQR)")
+    ax.set_title("Linear associative memory: capacity vs size")
+    ax.legend(fontsize=7, ncol=2)
+    save(fig, path)
+
+
+if __name__ == "__main__" and len(sys.argv) > 2:
+    plot_all(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -136,8 +136,8 @@ def test_claim_trained_capacity_above_half_and_hebb_below_eighth(tmp_path):
 
 
 def test_claim_decoupled_matches_original(tmp_path):
-    op = _capacity(tmp_path, "op", [20], 3, method="trained", problem="original")
-    dp = _capacity(tmp_path, "dp", [20], 3, method="trained", problem="decoupled")
+    op = _capacity(tmp_path, "op", [16], 3, method="trained", problem="original")
+    dp = _capacity(tmp_path, "dp", [16], 3, method="trained", problem="decoupled")
     a, b = op["summary"][0]["alpha_c_median"], dp["summary"][0]["alpha_c_median"]
     assert abs(a - b) / a < 0.15
 

@@ -142,6 +142,11 @@ class Scores:
         return float(self.recalled.double().mean())
 
 
+def _std(C: Tensor) -> Tensor:
+    """Per-row competitor std (0 when there is a single competitor, p = 2)."""
+    return C.std(1) if C.shape[1] > 1 else torch.zeros(C.shape[0], dtype=C.dtype)
+
+
 @torch.no_grad()
 def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors: bool = False, chunk: int = ROW_BLOCK):
     """Target/competitor score statistics of W on ``problem`` (float64, chunked).
@@ -163,7 +168,7 @@ def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors:
             mask = torch.ones_like(S, dtype=torch.bool)
             mask[idx - start, idx] = False
             C = S[mask].view(stop - start, problem.p - 1)
-            means.append(C.mean(1)); stds.append(C.std(1)); maxs.append(C.max(1).values)
+            means.append(C.mean(1)); stds.append(_std(C)); maxs.append(C.max(1).values)
             if keep_competitors:
                 comps.append(C)
     else:  # one (64 inputs x 256 candidates) block at a time: memory stays O(block), whatever p
@@ -171,7 +176,7 @@ def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors:
             Vi = V[i * ROW_BLOCK : (i + 1) * ROW_BLOCK]
             parts = [torch.einsum("rkd,rd->rk", Cb.double(), Vi) for _, _, Cb in problem.competitor_blocks(i)]
             C = torch.cat(parts, 1)  # (rows, p-1) scores only
-            means.append(C.mean(1)); stds.append(C.std(1)); maxs.append(C.max(1).values)
+            means.append(C.mean(1)); stds.append(_std(C)); maxs.append(C.max(1).values)
             if keep_competitors:
                 comps.append(C)
     sc = Scores(target, torch.cat(means), torch.cat(stds), torch.cat(maxs))
