@@ -105,17 +105,25 @@ class MemoryProblem:
                 out[r0 - start : r1 - start, c0:c1] = block[r0 - i * ROW_BLOCK : r1 - i * ROW_BLOCK, : c1 - c0]
         return out / math.sqrt(self.d)
 
-    def competitor_blocks(self, i: int) -> Iterator[tuple[int, int, Tensor]]:
-        """For input block i: (c0, c1, competitors[rows of block i, c0:c1]) one block at a time."""
+    def competitor_blocks(self, i: int, buf: Tensor | None = None) -> Iterator[tuple[int, int, Tensor]]:
+        """For input block i: (c0, c1, competitors[rows of block i, c0:c1]) one block at a time.
+
+        Each yielded tensor is only valid until the next one: with ``buf`` (a float32
+        (ROW_BLOCK, COMP_BLOCK, d) tensor) every block is generated into it in place, so
+        scanning all p^2 candidates allocates nothing per block.
+        """
         if self.kind != "decoupled":
             raise ValueError("competitor_blocks() exists only for the decoupled problem")
         rows = min(self.p, (i + 1) * ROW_BLOCK) - i * ROW_BLOCK
         n_comp = self.p - 1
+        if buf is None:
+            buf = torch.empty(ROW_BLOCK, COMP_BLOCK, self.d)
         for j in range(math.ceil(n_comp / COMP_BLOCK)):
             g = generator(self.seed, "C", self.d, i, j)
-            block = torch.randn(ROW_BLOCK, COMP_BLOCK, self.d, generator=g)
+            torch.randn(ROW_BLOCK, COMP_BLOCK, self.d, generator=g, out=buf)
+            buf.div_(math.sqrt(self.d))
             c0, c1 = j * COMP_BLOCK, min(n_comp, (j + 1) * COMP_BLOCK)
-            yield c0, c1, block[:rows, : c1 - c0] / math.sqrt(self.d)
+            yield c0, c1, buf[:rows, : c1 - c0]
 
     def dense_bytes(self) -> int:
         """Bytes a dense float32 copy of the competitors would take."""
@@ -172,10 +180,15 @@ def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors:
             if keep_competitors:
                 comps.append(C)
     else:  # one (64 inputs x 256 candidates) block at a time: memory stays O(block), whatever p
+        buf = torch.empty(ROW_BLOCK, COMP_BLOCK, problem.d)  # reused for every block
+        buf64 = torch.empty(ROW_BLOCK, COMP_BLOCK, problem.d, dtype=torch.float64)
         for i in range(math.ceil(problem.p / ROW_BLOCK)):
             Vi = V[i * ROW_BLOCK : (i + 1) * ROW_BLOCK]
-            parts = [torch.einsum("rkd,rd->rk", Cb.double(), Vi) for _, _, Cb in problem.competitor_blocks(i)]
-            C = torch.cat(parts, 1)  # (rows, p-1) scores only
+            C = torch.empty(Vi.shape[0], problem.p - 1, dtype=torch.float64)  # (rows, p-1) scores only
+            for c0, c1, Cb in problem.competitor_blocks(i, buf):
+                Cd = buf64[: Cb.shape[0], : Cb.shape[1]]
+                Cd.copy_(Cb)
+                C[:, c0:c1] = torch.einsum("rkd,rd->rk", Cd, Vi)
             means.append(C.mean(1)); stds.append(_std(C)); maxs.append(C.max(1).values)
             if keep_competitors:
                 comps.append(C)
