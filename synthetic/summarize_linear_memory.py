@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from mechfact.memory.experiments import fit_extrapolation
+
 
 def _f(x, nd=3):
     return "—" if x is None else f"{x:.{nd}f}"
@@ -28,7 +30,7 @@ def capacity_tables(root: Path) -> list[str]:
             pcs = [c["p_c"] for c in r["capacity"] if c["d"] == s["d"]]
             lines.append(f"| {name} | {s['d']} | {s['method']} | {s['problem']} | {s.get('n_seeds', len(pcs))} | "
                          f"{_f(s['alpha_c_median'])} | {_f(s['alpha_c_q25'])} | {_f(s['alpha_c_q75'])} | {pcs} |")
-        e = r.get("extrapolation") or {}
+        e = fit_extrapolation(r["capacity"])  # recomputed: the stored one may predate a finished run
         if e.get("alpha_inf") is not None:
             fits.append(f"| {name} | {_f(e['alpha_inf'])} | {_f(e['alpha_inf_se'])} | [{_f(e['ci95'][0])}, {_f(e['ci95'][1])}] | "
                         f"{_f(e['slope'])} | {e['n']} |")
