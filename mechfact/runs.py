@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,9 +148,3 @@ class RunDir:
             **extra,
         }
         write_json_atomic(self.path / "meta.json", meta)
-
-
-def dataclass_from_dict(cls: type, data: dict) -> Any:
-    """Build dataclass ``cls`` from a dict, ignoring keys it does not have."""
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})

@@ -36,9 +36,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +46,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from ..config import DictConfig
 from ..seeding import generator
 
 ATTENTION = ("uniform", "learned")
@@ -56,7 +56,7 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 @dataclass
-class FactModelConfig:
+class FactModelConfig(DictConfig):
     """Shape and regime of a :class:`FactModel`."""
 
     n_entities: int  # N: entity tokens, and the output vocabulary
@@ -90,16 +90,6 @@ class FactModelConfig:
         """Input vocabulary size (entities + relations + special tokens)."""
         return self.n_entities + self.n_relations + self.n_special
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "FactModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown FactModelConfig keys {sorted(unknown)}; allowed: {sorted(known)}")
-        return cls(**d)
 
 
 def _randn(seed: int, tag: str, *shape: int, std: float) -> Tensor:

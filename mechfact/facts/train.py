@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..config import DictConfig
 from ..device import resolve_device
 from ..seeding import generator
 from .evaluate import check_compatible, evaluate
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(DictConfig):
     """Optimisation of a FactModel; the model's own init seed lives in FactModelConfig."""
 
     lr: float = 1e-2  # Adam learning rate
@@ -45,16 +45,6 @@ class TrainConfig:
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay={self.weight_decay}: must be >= 0")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown TrainConfig keys {sorted(unknown)}; allowed: {sorted(known)}")
-        return cls(**d)
 
 
 def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

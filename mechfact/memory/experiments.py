@@ -74,6 +74,16 @@ def solve(problems: list[MemoryProblem], s: SolverConfig, device: torch.device) 
     return recs
 
 
+def _finish(run: RunDir, result: dict, plot: str, fig: str, **meta) -> dict:
+    """Write result.json, draw the figure from it, then meta.json."""
+    from . import plots
+
+    run.write_result(result)
+    getattr(plots, plot)(result, run.file(fig))
+    run.write_meta(**meta)
+    return result
+
+
 # ---- accuracy sweep --------------------------------------------------------------------
 
 @dataclass
@@ -124,11 +134,7 @@ def run_sweep(cfg: SweepConfig, out: str | Path, *, device: torch.device, seed: 
         run.write_result(result)
 
     (executor or LocalExecutor(desc="memory sweep")).map(jobs, on_result)
-    run.write_result(result)
-    from . import plots
-    plots.plot_sweep(result, run.file("fig_accuracy.png"))
-    run.write_meta(n_jobs_run=len(jobs))
-    return result
+    return _finish(run, result, "plot_sweep", "fig_accuracy.png", n_jobs_run=len(jobs))
 
 
 # ---- capacity by bisection ----------------------------------------------------------------
@@ -263,11 +269,7 @@ def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, 
     (executor or LocalExecutor(desc="memory capacity")).map(jobs, on_result)
     if result["capacity"]:
         result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
-    run.write_result(result)
-    from . import plots
-    plots.plot_capacity(result, run.file("fig_capacity.png"))
-    run.write_meta(n_jobs_run=len(jobs))
-    return result
+    return _finish(run, result, "plot_capacity", "fig_capacity.png", n_jobs_run=len(jobs))
 
 
 # ---- score distributions (mechanism) ------------------------------------------------------
@@ -298,11 +300,7 @@ def run_scores(cfg: ScoresConfig, out: str | Path, *, device: torch.device, seed
         per_input[name] = {k: np.round(v, 6).tolist() for k, v in arr.items() if k in ("z_target", "z_max")}
     result = {"d": cfg.d, "p": p, "alpha": load(p, cfg.d), "problem": cfg.problem, "kappa": cfg.kappa,
               "summary": summary, "per_input": per_input}
-    run.write_result(result)
-    from . import plots
-    plots.plot_scores(result, run.file("fig_scores.png"))
-    run.write_meta()
-    return result
+    return _finish(run, result, "plot_scores", "fig_scores.png")
 
 
 # ---- singular-value spectra -----------------------------------------------------------------
@@ -339,11 +337,7 @@ def run_spectrum(cfg: SpectrumConfig, out: str | Path, *, device: torch.device, 
               "ks_op_vs_dp": spec["ks_pairs"]["trained_original|trained_decoupled"],
               "ks_to_theory": spec["ks_to_theory"], "ks_pairs": spec["ks_pairs"],
               "singular_values": {k: np.round(v, 6).tolist() for k, v in spec["singular_values"].items()}}
-    run.write_result(result)
-    from . import plots
-    plots.plot_spectrum(result, run.file("fig_spectrum.png"))
-    run.write_meta()
-    return result
+    return _finish(run, result, "plot_spectrum", "fig_spectrum.png")
 
 
 # ---- rank constraint --------------------------------------------------------------------------
@@ -392,7 +386,4 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
     (executor or LocalExecutor(desc="memory rank")).map(jobs, on_result)
     if result["capacity"]:
         on_result(Job("final", lambda: None), [])
-    from . import plots
-    plots.plot_rank(result, run.file("fig_rank.png"))
-    run.write_meta(n_jobs_run=len(jobs))
-    return result
+    return _finish(run, result, "plot_rank", "fig_rank.png", n_jobs_run=len(jobs))
