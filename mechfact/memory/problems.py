@@ -91,19 +91,15 @@ class MemoryProblem:
 
     # ---- decoupled competitors -------------------------------------------------
     def competitors(self, start: int, stop: int) -> Float[Tensor, "rows p_minus_1 d"]:
-        """DP competitors of inputs start..stop-1, shape (stop-start, p-1, d)."""
+        """DP competitors of inputs start..stop-1, shape (stop-start, p-1, d) (dense: moderate p only)."""
         if self.kind != "decoupled":
             raise ValueError("competitors() exists only for the decoupled problem")
-        n_comp = self.p - 1
-        out = torch.empty(stop - start, n_comp, self.d)
+        out = torch.empty(stop - start, self.p - 1, self.d)
         for i in range(start // ROW_BLOCK, math.ceil(stop / ROW_BLOCK)):
             r0, r1 = max(start, i * ROW_BLOCK), min(stop, (i + 1) * ROW_BLOCK)
-            for j in range(math.ceil(n_comp / COMP_BLOCK)):
-                g = generator(self.seed, "C", self.d, i, j)
-                block = torch.randn(ROW_BLOCK, COMP_BLOCK, self.d, generator=g)
-                c0, c1 = j * COMP_BLOCK, min(n_comp, (j + 1) * COMP_BLOCK)
-                out[r0 - start : r1 - start, c0:c1] = block[r0 - i * ROW_BLOCK : r1 - i * ROW_BLOCK, : c1 - c0]
-        return out / math.sqrt(self.d)
+            for c0, c1, block in self.competitor_blocks(i):
+                out[r0 - start : r1 - start, c0:c1] = block[r0 - i * ROW_BLOCK : r1 - i * ROW_BLOCK]
+        return out
 
     def competitor_blocks(self, i: int, buf: Tensor | None = None) -> Iterator[tuple[int, int, Tensor]]:
         """For input block i: (c0, c1, competitors[rows of block i, c0:c1]) one block at a time.

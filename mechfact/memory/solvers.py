@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .problems import MemoryProblem, scores
+from .problems import ROW_BLOCK, MemoryProblem, scores
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +175,9 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
         else:
             cand = C_a[torch.arange(b_, device=dev)[:, None, None], rows, top]  # (b, P, K, d)
         comp = torch.einsum("bpkd,bpd->bpk", cand, V)
-        valid = torch.gather(cv_a[:, None, :].expand(-1, P, -1), 2, top) if kind == "decoupled" else \
-            torch.gather(cv_a[:, None, :].expand(-1, P, -1), 2, top) & (top != rows)
+        valid = torch.gather(cv_a[:, None, :].expand(-1, P, -1), 2, top)
+        if kind == "original":
+            valid &= top != rows  # an input's own output is its target, not a competitor
         return (T_a * V).sum(-1), comp.masked_fill(~valid, neg)
 
     for step in range(cfg.max_steps + 1):
@@ -192,9 +193,8 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
         if not check:
             finished = torch.zeros(len(idx), dtype=torch.bool, device=dev)
         else:
-            comp_max = comp_all.amax(-1)
             with torch.no_grad():
-                ok = (tgt > comp_max) & rv_a
+                ok = (tgt > comp_all.amax(-1)) & rv_a
                 acc = ok.sum(1).float() / ps_a
                 improved = (acc >= best_acc[idx]) if not cfg.early_stop else (acc > best_acc[idx])
                 if improved.any():
@@ -256,10 +256,11 @@ def _constraint_rows(problem: MemoryProblem, E: Tensor, T: Tensor, pairs: np.nda
         diff = T[mu] - T[j]
     else:
         diff = np.empty((len(pairs), problem.d))
-        for r in np.unique(mu):
-            sel = mu == r
-            c = problem.competitors(int(r), int(r) + 1)[0].double().numpy()
-            diff[sel] = T[r] - c[j[sel]]
+        for blk in np.unique(mu // ROW_BLOCK):  # regenerate each needed input block once
+            r0 = int(blk) * ROW_BLOCK
+            c = problem.competitors(r0, min(problem.p, r0 + ROW_BLOCK)).double().numpy()
+            sel = mu // ROW_BLOCK == blk
+            diff[sel] = T[mu[sel]] - c[mu[sel] - r0, j[sel]]
     return np.einsum("ki,kj->kij", diff, E[mu]).reshape(len(pairs), -1) * problem.d
 
 
