@@ -25,7 +25,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message}")
 
 
-def _common(p: argparse.ArgumentParser, out_required: bool = True) -> None:
+def common_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
+    """--device, --seed, --out, --threads, --quiet: every command has them."""
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="auto picks CUDA when present (default auto)")
     p.add_argument("--seed", type=int, default=0, help="base seed; seeds are seed, seed+1, ... (default 0)")
     p.add_argument("--out", required=out_required, help="run directory (created; reused to resume)")
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--points", type=int, default=12)
     p.add_argument("--seeds", type=int, default=3)
     _solver_args(p)
-    _common(p)
+    common_args(p)
 
     p = msub.add_parser("capacity", help="perfect-recall capacity p_c per (d, seed) by bisection")
     p.add_argument("--d", type=int, nargs="+", default=[24, 32, 48, 64])
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha-hi", type=float, default=1.5, help="initial upper bracket on alpha (default 1.5)")
     p.add_argument("--rel-tol", type=float, default=0.01, help="bisection resolution on p_c, relative (default 0.01)")
     _solver_args(p)
-    _common(p)
+    common_args(p)
 
     p = msub.add_parser("scores", help="target vs competitor score distributions, Hebb vs trained")
     p.add_argument("--d", type=int, default=64)
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--problem", default="original", choices=("original", "decoupled"))
     p.add_argument("--kappa", type=float, default=1.0)
     _train_args(p)
-    _common(p)
+    common_args(p)
 
     p = msub.add_parser("spectrum", help="singular values of trained (OP, DP), Hebb and initial W")
     p.add_argument("--d", type=int, default=64)
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kappa", type=float, default=1.0)
     _train_args(p)
     p.set_defaults(steps=3000)
-    _common(p)
+    common_args(p)
 
     p = msub.add_parser("rank", help="capacity of rank-constrained W = Q R^T against kappa")
     p.add_argument("--d", type=int, nargs="+", default=[24, 32])
@@ -99,11 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--problem", default="original", choices=("original", "decoupled"))
     _train_args(p)
-    _common(p)
+    common_args(p)
+
+    for register in _plugins():
+        COMMANDS.update(register(sub))
 
     q = sub.add_parser("quickstart", help="small versions of every capability and one HTML report")
     q.add_argument("--fast", action="store_true", help="smoke-sized version (used by the tests)")
-    _common(q, out_required=False)
+    common_args(q, out_required=False)
     q.set_defaults(out="mechfact_quickstart")
     return ap
 
@@ -157,6 +161,24 @@ def _run_quickstart(a) -> None:
 
 
 COMMANDS: dict[str, Callable] = {"memory": _run_memory, "quickstart": _run_quickstart}
+
+
+def _plugins() -> list[Callable]:
+    """``register(subparsers) -> {command: handler}`` of each subpackage that adds commands.
+
+    A handler receives the parsed args (with ``device_obj`` resolved) and raises
+    :class:`UsageError` or ``ValueError`` for bad input (exit 2).
+    """
+    import importlib
+
+    out = []
+    for mod in ("facts", "probe", "llm"):  # mechfact/commands/<name>.py: light modules, heavy imports in handlers
+        try:
+            out.append(importlib.import_module(f"mechfact.commands.{mod}").register)
+        except ModuleNotFoundError as exc:  # not written yet
+            if exc.name != f"mechfact.commands.{mod}":
+                raise
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ only deterministic numbers; timings and versions go to ``meta.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import tempfile
 import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -38,22 +39,35 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write JSON to ``path`` atomically (never a partial file)."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path`` in one rename.
+
+    For writers that want a file name (``safetensors.save_file``, ``torch.save``, ...)::
+
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(state, str(tmp))
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_jsonable(data), f, indent=2, sort_keys=False, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write JSON to ``path`` atomically (never a partial file)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(_jsonable(data), f, indent=2, sort_keys=False, allow_nan=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def read_json(path: str | os.PathLike) -> Any:

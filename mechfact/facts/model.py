@@ -223,14 +223,16 @@ class FactModel(HookedRootModule):
 
     # ---- checkpoints ---------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
-        """Write ``config.json`` then ``model.safetensors`` into directory ``path``."""
+        """Write ``config.json`` then ``model.safetensors`` into directory ``path``, each atomically."""
         from safetensors.torch import save_file
 
+        from ..runs import atomic_path, write_json_atomic
+
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / CONFIG_FILE).write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+        write_json_atomic(path / CONFIG_FILE, self.cfg.to_dict())
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(path / WEIGHTS_FILE), metadata={"config": json.dumps(self.cfg.to_dict())})
+        with atomic_path(path / WEIGHTS_FILE) as tmp:
+            save_file(state, str(tmp), metadata={"config": json.dumps(self.cfg.to_dict())})
         return path
 
     @classmethod

@@ -206,7 +206,9 @@ class FactWorld:
         return cls(d["n_entities"], d["n_relations"], d["seed"], perms=torch.tensor(d["perms"]))
 
     def save_json(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+        from ..runs import write_json_atomic
+
+        write_json_atomic(path, self.to_dict())
 
     @classmethod
     def load_json(cls, path: str | os.PathLike) -> "FactWorld":

@@ -1,0 +1,127 @@
+"""Linear readouts: from representations to object identity, scored on held-out subjects.
+
+Two kinds, chosen by the data:
+
+* ``classifier`` -- objects repeat across subjects (many-to-one relations of
+  pretrained models): multinomial logistic regression on standardised features,
+  scored by test accuracy. Chance = accuracy of always predicting the most
+  frequent TRAINING object, measured on the test set.
+* ``vector`` -- every object is unique (bijections): a held-out subject's object
+  is a class never seen in training, so a classifier cannot name it. Ridge
+  regression maps the representation onto the object's VECTOR (an attribute /
+  unembedding vector), and the prediction is decoded as the nearest candidate
+  vector (cosine) among ALL the relation's objects. Chance = 1 / #candidates.
+
+Every score comes with a shuffled-label control: the same fit with the training
+targets permuted (seeded), scored on the same test set. A readout means
+something only when ``accuracy`` is well above both ``chance`` and
+``control_accuracy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..seeding import derive_seed
+
+KINDS = ("classifier", "vector")
+
+
+@dataclass
+class ReadoutScore:
+    kind: str
+    accuracy: float  # held-out accuracy
+    control_accuracy: float  # same fit on shuffled training targets
+    chance: float
+    n_train: int
+    n_test: int
+    n_classes: int  # distinct objects (classifier) or candidate vectors (vector)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def split_indices(n: int, heldout_fraction: float = 0.25, seed: int = 0, tag: str = "readout.split"
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded (train, test) split of ``range(n)``; both parts non-empty."""
+    if n < 2:
+        raise ValueError(f"n={n}: a train/test split needs at least 2 items")
+    if not 0.0 < heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction={heldout_fraction}: must lie in (0, 1)")
+    perm = np.random.default_rng(derive_seed(seed, tag)).permutation(n)
+    n_test = min(n - 1, max(1, int(round(heldout_fraction * n))))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def _as2d(x, name: str) -> np.ndarray:
+    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"{name} has shape {a.shape}: expected (n, features)")
+    return a
+
+
+def _classifier(X_tr, y_tr, X_te, y_te, C: float, max_iter: int) -> float:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    if len(np.unique(y_tr)) < 2:  # nothing to learn: predict the only class
+        return float(np.mean(y_te == y_tr[0]))
+    clf = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter))
+    clf.fit(X_tr, y_tr)
+    return float(np.mean(clf.predict(X_te) == y_te))
+
+
+def _vector(X_tr, V_tr, X_te, y_te, candidates: np.ndarray, alpha: float) -> float:
+    from sklearn.linear_model import Ridge
+
+    reg = Ridge(alpha=alpha, fit_intercept=True).fit(X_tr, V_tr)
+    pred = reg.predict(X_te)
+    pn = pred / np.maximum(np.linalg.norm(pred, axis=1, keepdims=True), 1e-12)
+    cn = candidates / np.maximum(np.linalg.norm(candidates, axis=1, keepdims=True), 1e-12)
+    return float(np.mean(np.argmax(pn @ cn.T, axis=1) == y_te))
+
+
+def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kind: str = "classifier",
+                   object_vectors=None, C: float = 1.0, alpha: float = 1.0, max_iter: int = 2000,
+                   seed: int = 0) -> ReadoutScore:
+    """Fit a linear readout ``features[i] -> objects[i]`` on ``train_idx``, score on ``test_idx``.
+
+    ``features``: (n, d) representations, one row per (subject) query.
+    ``objects``: (n,) integer object ids. For ``kind="vector"`` they index the
+    rows of ``object_vectors`` (n_objects, k), which are also the candidates the
+    prediction is decoded against. ``C`` (logistic) and ``alpha`` (ridge) are the
+    regularisation strengths.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: allowed {KINDS}")
+    X = _as2d(features, "features")
+    y = np.asarray(objects, dtype=np.int64)
+    if y.shape != (X.shape[0],):
+        raise ValueError(f"objects has shape {y.shape}: expected ({X.shape[0]},), one per feature row")
+    tr, te = np.asarray(train_idx, dtype=np.int64), np.asarray(test_idx, dtype=np.int64)
+    if len(tr) == 0 or len(te) == 0:
+        raise ValueError(f"train ({len(tr)}) and test ({len(te)}) sets must both be non-empty")
+    rng = np.random.default_rng(derive_seed(seed, "readout.control"))
+    y_shuf = y[tr][rng.permutation(len(tr))]
+    if kind == "classifier":
+        acc = _classifier(X[tr], y[tr], X[te], y[te], C, max_iter)
+        ctrl = _classifier(X[tr], y_shuf, X[te], y[te], C, max_iter)
+        vals, counts = np.unique(y[tr], return_counts=True)
+        chance = float(np.mean(y[te] == vals[np.argmax(counts)]))
+        n_classes = int(len(np.unique(y)))
+    else:
+        if object_vectors is None:
+            raise ValueError("kind='vector' needs object_vectors (n_objects, k)")
+        V = _as2d(object_vectors, "object_vectors")
+        if y.min() < 0 or y.max() >= V.shape[0]:
+            raise ValueError(f"object ids span {y.min()}..{y.max()}: allowed 0..{V.shape[0] - 1} (rows of object_vectors)")
+        acc = _vector(X[tr], V[y[tr]], X[te], y[te], V, alpha)
+        ctrl = _vector(X[tr], V[y_shuf], X[te], y[te], V, alpha)
+        chance = 1.0 / V.shape[0]
+        n_classes = int(V.shape[0])
+    return ReadoutScore(kind=kind, accuracy=acc, control_accuracy=ctrl, chance=chance,
+                        n_train=int(len(tr)), n_test=int(len(te)), n_classes=n_classes)
