@@ -37,10 +37,24 @@ def test_unwritable_out(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "--out" in err and "not a writable directory" in err
 
 
+def _all_commands(parser, prefix=()):
+    """Every command path of the parser tree, e.g. ("memory", "sweep"), ("facts", "train")."""
+    import argparse
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield prefix
+        return
+    yield prefix
+    for name, p in subs[0].choices.items():
+        yield from _all_commands(p, prefix + (name,))
+
+
 def test_help_on_every_subcommand(capsys):
-    for argv in (["--help"], ["memory", "--help"], ["quickstart", "--help"]) + tuple(
-            ["memory", s, "--help"] for s in ("sweep", "capacity", "scores", "spectrum", "rank")):
-        assert main(list(argv)) == 0
+    paths = list(_all_commands(build_parser()))
+    assert {("memory", "sweep"), ("facts", "train"), ("facts", "capacity"), ("quickstart",)} <= set(paths)
+    for path in paths:
+        assert main(list(path) + ["--help"]) == 0, path
         assert "usage:" in capsys.readouterr().out
 
 

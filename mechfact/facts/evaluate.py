@@ -19,6 +19,17 @@ def check_compatible(model: nn.Module, world: FactWorld) -> None:
         raise ValueError(f"model has n_special={cfg.n_special}: the world needs {world.n_special} (PAD)")
 
 
+def supervised_logits(model: nn.Module, tokens: Tensor, supervised: Tensor) -> Tensor:
+    """Logits at the supervised positions only, shape (n_supervised, N).
+
+    A FactModel unembeds just those positions (the unembedding dominates the
+    cost for large N); any other module is run in full and indexed.
+    """
+    if hasattr(model, "final_resid"):
+        return model.final_resid(tokens)[supervised] @ model.W_U
+    return model(tokens)[supervised]
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, world: FactWorld, queries: Queries | None = None, *,
              batch_size: int = 8192) -> dict:
@@ -39,8 +50,9 @@ def evaluate(model: nn.Module, world: FactWorld, queries: Queries | None = None,
     for i in range(0, len(queries), batch_size):
         tokens = queries.tokens[i: i + batch_size].to(device)
         targets = queries.targets[i: i + batch_size].to(device)
-        pred = model(tokens).argmax(-1)
         supervised = targets != IGNORE
+        pred = torch.full_like(targets, IGNORE)
+        pred[supervised] = supervised_logits(model, tokens, supervised).argmax(-1)
         right = (pred == targets) & supervised
         ok.append((right | ~supervised).all(1).cpu())
         tok_right += int(right.sum())

@@ -208,6 +208,9 @@ class FactModel(HookedRootModule):
     # ---- forward -----------------------------------------------------------------
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos n_entities"]:
         """Logits over the N entities at EVERY position."""
+        return self.final_resid(tokens) @ self.W_U
+
+    def _check_tokens(self, tokens: Tensor) -> None:
         if tokens.ndim != 2:
             raise ValueError(f"tokens has shape {tuple(tokens.shape)}: expected (batch, pos)")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
@@ -215,11 +218,19 @@ class FactModel(HookedRootModule):
                              f"{self.cfg.vocab_size - 1} (vocab_size)")
         if self.cfg.n_ctx and tokens.shape[1] > self.cfg.n_ctx:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds n_ctx={self.cfg.n_ctx}")
+
+    def final_resid(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d"]:
+        """The normalised final residual stream; ``forward`` is this times ``W_U``.
+
+        Training and evaluation unembed only the supervised positions with it
+        (the unembedding dominates the cost when N is large).
+        """
+        self._check_tokens(tokens)
         x = self.hook_embed(F.embedding(tokens, self.W_E))
         if self.cfg.n_ctx:
             x = x + self.hook_pos_embed(self.W_pos[: tokens.shape[1]].expand_as(x).clone())
         x = self.blocks[0](x)
-        return self.ln_final(x) @ self.W_U
+        return self.ln_final(x)
 
     # ---- checkpoints ---------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:

@@ -1,9 +1,18 @@
-"""Train a FactModel on the facts of a world (Adam on next-entity cross-entropy)."""
+"""Train a FactModel on the facts of a world (Adam on next-entity cross-entropy).
+
+``train`` supports a learning-rate schedule, early stopping at a target
+accuracy, giving up after ``patience`` steps without a better accuracy, and
+checkpoint / resume: pass ``checkpoint=`` a callable that persists the state
+dict it receives (see :func:`train`); pass that state back as ``resume=`` and
+training continues bit-for-bit where it stopped (same device).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -12,24 +21,28 @@ from tqdm.auto import tqdm
 from ..config import DictConfig
 from ..device import resolve_device
 from ..seeding import generator
-from .evaluate import check_compatible, evaluate
+from .evaluate import check_compatible, evaluate, supervised_logits
 from .model import FactModel
 from .world import IGNORE, FactWorld, Queries
 
 logger = logging.getLogger(__name__)
+
+SCHEDULES = ("constant", "cosine", "warmup-cosine")
 
 
 @dataclass
 class TrainConfig(DictConfig):
     """Optimisation of a FactModel; the model's own init seed lives in FactModelConfig."""
 
-    lr: float = 1e-2  # Adam learning rate
+    lr: float = 1e-2  # Adam learning rate (peak, for the schedules)
     steps: int = 2000  # maximum number of optimisation steps
     batch_size: int | None = None  # queries per step; None = full batch
     target_accuracy: float | None = 1.0  # stop early once train accuracy >= this; None = run all steps
     eval_every: int = 25  # steps between accuracy checks (early stop + history)
     weight_decay: float = 0.0  # AdamW-style decoupled decay when > 0
     seed: int = 0  # minibatch sampling
+    schedule: str = "constant"  # constant | cosine (to 0 at `steps`) | warmup-cosine (5% linear warm-up)
+    patience: int = 0  # give up after this many steps without a new best accuracy; 0 = never
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -44,22 +57,43 @@ class TrainConfig(DictConfig):
             raise ValueError(f"eval_every={self.eval_every}: must be a positive integer")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay={self.weight_decay}: must be >= 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: allowed {SCHEDULES}")
+        if self.patience < 0:
+            raise ValueError(f"patience={self.patience}: must be >= 0 (0 = never give up)")
 
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of ``lr`` at optimisation step ``step`` (1-based)."""
+        if self.schedule == "constant" or self.steps <= 1:
+            return 1.0
+        warm = max(1, self.steps // 20) if self.schedule == "warmup-cosine" else 0
+        if step <= warm:
+            return step / warm
+        t = (step - warm) / max(1, self.steps - warm)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
 
 
 def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over supervised positions."""
-    logits = model(tokens)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+    """Mean cross-entropy over supervised positions (only those are unembedded)."""
+    sup = targets != IGNORE
+    return F.cross_entropy(supervised_logits(model, tokens, sup), targets[sup])
 
 
 def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | torch.device = "cpu",
-          queries: Queries | None = None) -> dict:
+          queries: Queries | None = None, *, checkpoint: Callable[[dict], None] | None = None,
+          checkpoint_every: int = 500, resume: dict | None = None, progress: bool = True) -> dict:
     """Fit ``model`` in place on ``queries`` (default: all single-hop facts).
 
     Returns ``accuracy``, ``per_relation``, ``token_accuracy`` (final, on the
-    training queries), ``loss`` (last step), ``steps`` (taken) and ``history``
-    (a list of ``{"step", "loss", "accuracy"}`` every ``eval_every`` steps).
+    training queries), ``loss`` (last step), ``steps`` (taken), ``stopped``
+    (``target`` | ``patience`` | ``budget``) and ``history`` (a list of
+    ``{"step", "loss", "accuracy"}`` every ``eval_every`` steps).
+
+    ``checkpoint(state)`` is called every ``checkpoint_every`` steps (rounded to
+    an evaluation step) with ``{"step", "optimizer", "generator", "history",
+    "best", "best_step"}``; the caller saves it together with the model weights.
+    ``resume=state`` (with the model already holding the saved weights)
+    continues from there.
     """
     check_compatible(model, world)
     device = resolve_device(device) if isinstance(device, str) else device
@@ -72,14 +106,26 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
            else torch.optim.Adam(params, lr=cfg.lr))
     g = generator(cfg.seed, "facts.train.batch")
     history: list[dict] = []
-    step = 0
-    bar = tqdm(range(1, cfg.steps + 1), desc="train facts", leave=False)
-    for step in bar:
+    start, best, best_step = 0, -1.0, 0
+    if resume is not None:
+        opt.load_state_dict(resume["optimizer"])
+        g.set_state(resume["generator"])
+        history = list(resume["history"])
+        start, best, best_step = int(resume["step"]), float(resume["best"]), int(resume["best_step"])
+    step, stopped, loss = start, "budget", float("nan")
+    if history and cfg.target_accuracy is not None and history[-1]["accuracy"] >= cfg.target_accuracy:
+        stopped = "target"  # resumed after the stop was already reached
+    last_ckpt = start
+    bar = tqdm(range(start + 1, cfg.steps + 1), desc="train facts", leave=False,
+               **({} if progress else {"disable": True}))
+    for step in bar if stopped == "budget" else ():
         if cfg.batch_size is None or cfg.batch_size >= n:
             bt, bg = tokens, targets
         else:
             idx = torch.randint(n, (cfg.batch_size,), generator=g).to(device)
             bt, bg = tokens[idx], targets[idx]
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * cfg.lr_factor(step)
         opt.zero_grad(set_to_none=True)
         loss_t = loss_fn(model, bt, bg)
         loss_t.backward()
@@ -89,10 +135,23 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
             acc = evaluate(model, world, queries)["accuracy"]
             history.append({"step": step, "loss": loss, "accuracy": acc})
             bar.set_postfix(loss=f"{loss:.3g}", acc=f"{acc:.3f}")
+            if acc > best:
+                best, best_step = acc, step
             if cfg.target_accuracy is not None and acc >= cfg.target_accuracy:
                 logger.info("reached accuracy %.4f at step %d", acc, step)
+                stopped = "target"
+            elif cfg.patience and step - best_step >= cfg.patience:
+                logger.info("no better accuracy than %.4f for %d steps; stopping at step %d", best, cfg.patience, step)
+                stopped = "patience"
+            if checkpoint is not None and (stopped != "budget" or step - last_ckpt >= checkpoint_every
+                                           or step == cfg.steps):
+                checkpoint({"step": step, "optimizer": opt.state_dict(), "generator": g.get_state(),
+                            "history": history, "best": best, "best_step": best_step})
+                last_ckpt = step
+            if stopped != "budget":
                 break
     bar.close()
-    loss = float(loss_t.detach()) if step else float("nan")
+    if history:
+        loss = history[-1]["loss"]
     res = evaluate(model, world, queries)
-    return {**res, "loss": loss, "steps": step, "history": history}
+    return {**res, "loss": loss, "steps": step, "stopped": stopped, "history": history}

@@ -125,3 +125,88 @@ def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kin
         n_classes = int(V.shape[0])
     return ReadoutScore(kind=kind, accuracy=acc, control_accuracy=ctrl, chance=chance,
                         n_train=int(len(tr)), n_test=int(len(te)), n_classes=n_classes)
+
+
+# ---- the probe on a hooked model ------------------------------------------------------
+
+DEFAULT_SITES = ("hook_embed@subject", "blocks.0.hook_resid_mid@last", "blocks.0.mlp.hook_post@last",
+                 "blocks.0.hook_resid_post@last")
+
+
+@dataclass
+class ReadoutResult:
+    per_relation: list  # dicts: relation, site, accuracy, control_accuracy, chance, kind, n_train, n_test, n_classes
+    sites: list
+    kind: str
+    object_vectors: str
+    heldout_fraction: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> dict:
+        """{site: {relation: accuracy}}."""
+        out: dict = {}
+        for row in self.per_relation:
+            out.setdefault(row["site"], {})[row["relation"]] = row["accuracy"]
+        return out
+
+
+def object_table(model, ps) -> tuple[np.ndarray, np.ndarray]:
+    """(object index per query, object vectors (K, d)): unembedding columns of each distinct object token."""
+    W_U = getattr(model, "W_U", None)
+    if W_U is None:
+        raise ValueError(f"{type(model).__name__} has no W_U: pass object_vectors explicitly")
+    toks = ps.object_tokens.numpy()
+    uniq, inv = np.unique(toks, return_inverse=True)
+    V = W_U[:, uniq].T.detach().float().cpu().double().numpy()
+    return inv, V
+
+
+def readout(model, ps, sites=DEFAULT_SITES, *, relations=None, kind: str = "auto", heldout_fraction: float = 0.25,
+            alpha: float = 1.0, C: float = 1.0, seed: int = 0) -> ReadoutResult:
+    """Per relation and site: a linear readout from the site's activation to the object, on held-out subjects.
+
+    ``sites``: :class:`~mechfact.probes.queries.Site` objects or ``"hook@subject|last"`` strings.
+    ``kind="auto"``: ``vector`` (ridge onto the object's unembedding column, nearest
+    object decoding) when every object of the relation is unique, else ``classifier``.
+    Held-out subjects are the same for every relation and site. Features are
+    scaled to unit RMS first (``alpha`` is then comparable across sites).
+    """
+    from .queries import Site, check_relation, collect
+
+    if kind not in ("auto", *KINDS):
+        raise ValueError(f"kind={kind!r}: allowed auto, {', '.join(KINDS)}")
+    sites = [s if isinstance(s, Site) else Site.parse(s) for s in sites]
+    rels = ps.relation_ids if relations is None else [int(r) for r in relations]
+    for r in rels:
+        check_relation(ps, r)
+    feats = collect(model, ps, sites)
+    subj = np.unique(ps.subjects.numpy())
+    tr_s, te_s = split_indices(len(subj), heldout_fraction, seed, "readout.subjects")
+    test_subjects = set(subj[te_s].tolist())
+    obj_idx = vecs = None
+    rows, kinds = [], set()
+    for r in rels:
+        sel = np.nonzero(ps.relations.numpy() == r)[0]
+        is_test = np.array([int(s) in test_subjects for s in ps.subjects.numpy()[sel]])
+        tr, te = np.nonzero(~is_test)[0], np.nonzero(is_test)[0]
+        objs = ps.object_tokens.numpy()[sel]
+        k = kind if kind != "auto" else ("vector" if len(np.unique(objs)) == len(objs) else "classifier")
+        kinds.add(k)
+        if k == "vector" and vecs is None:
+            obj_idx, vecs = object_table(model, ps)
+        for s in sites:
+            X = feats[s][sel]
+            X = X / max(float(np.sqrt((X**2).mean())), 1e-12)
+            y = obj_idx[sel] if k == "vector" else objs
+            if k == "vector":  # candidates: this relation's objects only
+                cand = np.unique(y)
+                remap = {int(c): i for i, c in enumerate(cand)}
+                sc = linear_readout(X, [remap[int(v)] for v in y], tr, te, kind="vector",
+                                    object_vectors=vecs[cand], alpha=alpha, seed=seed)
+            else:
+                sc = linear_readout(X, y, tr, te, kind="classifier", C=C, seed=seed)
+            rows.append({"relation": int(r), "site": str(s), **sc.to_dict()})
+    return ReadoutResult(rows, [str(s) for s in sites], "/".join(sorted(kinds)), "W_U columns of the objects",
+                         heldout_fraction)

@@ -1,0 +1,138 @@
+"""``mechfact facts train|construct|capacity|multihop``: synthetic facts and one-layer transformers (paper B)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli import UsageError, common_args
+
+ATTENTION = ("uniform", "learned")
+EMBEDDINGS = ("trainable", "frozen", "frozen-input")
+SCHEDULES = ("constant", "cosine", "warmup-cosine")
+
+
+def _model_args(p: argparse.ArgumentParser, attention: str = "uniform") -> None:
+    p.add_argument("--attention", default=attention, choices=ATTENTION, help=f"(default {attention})")
+    p.add_argument("--tied", action="store_true", help="tie the entity unembedding to the input embedding")
+    p.add_argument("--layer-norm", action="store_true", help="pre-LayerNorm before attention, MLP and unembedding")
+
+
+def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int) -> None:
+    p.add_argument("--steps", type=int, default=steps, help=f"Adam step budget per model (default {steps})")
+    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default 1e-2)")
+    p.add_argument("--schedule", default="constant", choices=SCHEDULES, help="learning-rate schedule (default constant)")
+    p.add_argument("--batch-size", type=int, default=0, help="queries per step; 0 = full batch (default 0)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay (default 0)")
+    p.add_argument("--patience", type=int, default=patience,
+                   help=f"give up after this many steps without a better accuracy; 0 = never (default {patience})")
+    p.add_argument("--eval-every", type=int, default=50, help="steps between accuracy checks (default 50)")
+
+
+def register(sub) -> dict:
+    fp = sub.add_parser("facts", help="synthetic facts and one-layer transformers (paper B)")
+    fsub = fp.add_subparsers(dest="facts_cmd", required=True, parser_class=type(fp))
+
+    p = fsub.add_parser("train", help="train one model on N*R facts (checkpoints; rerun to resume)")
+    p.add_argument("--subjects", type=int, default=256, help="N entities (default 256)")
+    p.add_argument("--relations", type=int, default=4, help="R relations (default 4)")
+    p.add_argument("--d", type=int, default=32, help="residual width (default 32)")
+    p.add_argument("--mlp-width", type=int, default=64, help="MLP hidden units m (default 64)")
+    p.add_argument("--embeddings", default="trainable", choices=EMBEDDINGS, help="(default trainable)")
+    p.add_argument("--hops", type=int, default=1, help="k-hop queries (default 1)")
+    p.add_argument("--cot", action="store_true", help="answer k-hop queries with chain of thought")
+    p.add_argument("--target-accuracy", type=float, default=0.99, help="stop early at this accuracy (default 0.99)")
+    _model_args(p)
+    _optim_args(p, steps=5000, patience=0)
+    common_args(p)
+
+    p = fsub.add_parser("construct", help="build the explicit construction (no training) as a run directory")
+    p.add_argument("--subjects", type=int, default=256)
+    p.add_argument("--relations", type=int, default=4)
+    p.add_argument("--d", type=int, default=None, help="residual width; default: the smallest reaching 99%%")
+    p.add_argument("--hops", type=int, default=1)
+    p.add_argument("--cot", action="store_true", help="the chain-of-thought construction (needed for k > 1)")
+    common_args(p)
+
+    p = fsub.add_parser("capacity", help="smallest d (or MLP width) reaching 99%% per (N, R, regime)")
+    p.add_argument("--subjects", type=int, nargs="+", default=[256], help="N values (default 256)")
+    p.add_argument("--relations", type=int, nargs="+", default=[2, 4, 8], help="R values (default 2 4 8)")
+    p.add_argument("--embeddings", nargs="+", default=["trainable"], choices=EMBEDDINGS)
+    p.add_argument("--search", default="d", choices=("d", "mlp-width"), help="what to search (default d)")
+    p.add_argument("--grid", type=int, nargs="+", default=None,
+                   help="values searched, bisected (default 4 6 8 12 16 24 32 48 64 96 128 192 256)")
+    p.add_argument("--d", type=int, default=64, help="fixed d when searching the MLP width (default 64)")
+    p.add_argument("--mlp-width", type=int, default=64, help="fixed MLP width when searching d (default 64)")
+    p.add_argument("--seeds", type=int, default=1, help="independent worlds + inits per setting (default 1)")
+    _model_args(p)
+    _optim_args(p, steps=4000, patience=1500)
+    common_args(p)
+
+    p = fsub.add_parser("multihop", help="direct vs chain-of-thought answering of k-hop queries, same model size")
+    p.add_argument("--subjects", type=int, default=64)
+    p.add_argument("--relations", type=int, default=4)
+    p.add_argument("--hops", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--d", type=int, default=32)
+    p.add_argument("--mlp-width", type=int, default=64)
+    _model_args(p, attention="learned")
+    _optim_args(p, steps=3000, patience=1500)
+    common_args(p)
+    return {"facts": _run}
+
+
+def _train_cfg(a, target: float | None):
+    from ..facts.train import TrainConfig
+
+    if a.steps < 1:
+        raise UsageError(f"--steps {a.steps}: must be at least 1")
+    if a.batch_size < 0:
+        raise UsageError(f"--batch-size {a.batch_size}: must be >= 0 (0 = full batch)")
+    if not a.lr > 0:
+        raise UsageError(f"--lr {a.lr}: must be positive")
+    if not a.weight_decay >= 0:
+        raise UsageError(f"--weight-decay {a.weight_decay}: must be >= 0")
+    if a.patience < 0:
+        raise UsageError(f"--patience {a.patience}: must be >= 0")
+    if a.eval_every < 1:
+        raise UsageError(f"--eval-every {a.eval_every}: must be at least 1")
+    if target is not None and not 0 < target <= 1:
+        raise UsageError(f"--target-accuracy {target}: must lie in (0, 1]")
+    return TrainConfig(lr=a.lr, steps=a.steps, batch_size=a.batch_size or None, target_accuracy=target,
+                       eval_every=a.eval_every, weight_decay=a.weight_decay, schedule=a.schedule, patience=a.patience)
+
+
+def _spec(a, embeddings: str = "trainable"):
+    from ..facts.experiments import ModelSpec
+
+    return ModelSpec(attention=a.attention, embeddings=embeddings, tied=a.tied, layer_norm=a.layer_norm)
+
+
+def _run(a) -> None:
+    from ..facts import experiments as ex
+
+    dev, seed = a.device_obj, a.seed
+    if a.facts_cmd == "train":
+        cfg = ex.FactsTrainConfig(subjects=a.subjects, relations=a.relations, d=a.d, mlp_width=a.mlp_width, hops=a.hops,
+                                  cot=a.cot, model=_spec(a, a.embeddings), train=_train_cfg(a, a.target_accuracy))
+        cfg.validate()
+        res = ex.run_train(cfg, a.out, device=dev, seed=seed, progress=not a.quiet)
+        print(f"accuracy {res['accuracy']:.4f} after {res['steps']} steps ({res['stopped']})")
+    elif a.facts_cmd == "construct":
+        cfg = ex.ConstructConfig(subjects=a.subjects, relations=a.relations, d=a.d, hops=a.hops, cot=a.cot)
+        res = ex.run_construct(cfg, a.out, device=dev, seed=seed)
+        print(f"construction d={res['d']} (block size {res['block_size']}): accuracy {res['accuracy']:.4f}")
+    elif a.facts_cmd == "capacity":
+        cfg = ex.FactsCapacityConfig(subjects=a.subjects, relations=a.relations, embeddings=a.embeddings,
+                                     search=a.search, d=a.d, mlp_width=a.mlp_width, seeds=a.seeds,
+                                     model=_spec(a), train=_train_cfg(a, 0.99),
+                                     **({"grid": a.grid} if a.grid else {}))
+        res = ex.run_facts_capacity(cfg, a.out, device=dev, seed=seed)
+        for t in res["thresholds"]:
+            print(f"{t['embeddings']:>12} N={t['subjects']} R={t['relations']} seed={t['seed']}: "
+                  f"{t['searched']}* = {t['threshold']}")
+    elif a.facts_cmd == "multihop":
+        cfg = ex.MultihopConfig(subjects=a.subjects, relations=a.relations, hops=a.hops, d=a.d,
+                                mlp_width=a.mlp_width, model=_spec(a), train=_train_cfg(a, 0.99))
+        res = ex.run_multihop(cfg, a.out, device=dev, seed=seed)
+        for p in res["points"]:
+            print(f"k={p['hops']} {p['mode']:>6}: accuracy {p['accuracy']:.4f}")
+    print(f"results written to {a.out}")

@@ -1,0 +1,90 @@
+"""``mechfact llm probe|lre``: relational linearity in pretrained LLMs (light module; heavy imports in handlers)."""
+
+from __future__ import annotations
+
+import argparse
+
+from mechfact.cli import UsageError, common_args
+
+
+def _layers(text: str) -> list[int] | None:
+    """``all`` or a list like ``0,3,5-8``."""
+    if text.strip().lower() == "all":
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                a, b = part.split("-", 1)
+                out.extend(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise UsageError(f"--layers {text}: expected 'all' or integers like 0,3,5-8") from None
+    if not out:
+        raise UsageError(f"--layers {text}: no layer given")
+    return out
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="hub name, local HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--relations", default=None,
+                   help="relation JSON file or folder of them (default: the shipped dataset)")
+    p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--k-shot", type=int, default=3, help="in-context examples per prompt (default 3)")
+    p.add_argument("--template", type=int, default=0, help="prompt template index per relation (default 0)")
+    p.add_argument("--max-samples", type=int, default=None, help="first N samples per relation (default all)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--no-state-cache", action="store_true", help="do not read/write the hidden-state disk cache")
+
+
+def register(subparsers) -> dict:
+    llm = subparsers.add_parser("llm", help="relational linearity in pretrained LLMs (paper C)")
+    sub = llm.add_subparsers(dest="llm_sub", required=True, parser_class=type(llm))
+
+    p = sub.add_parser("probe", help="layer-wise linear readout of the object from the subject state")
+    _model_args(p)
+    p.add_argument("--layers", default="all", help="'all' or e.g. 0,4,8-12 (default all)")
+    p.add_argument("--site", default="resid_post", choices=("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"))
+    p.add_argument("--position", default="subject_last", choices=("subject_last", "subject_first", "last"))
+    p.add_argument("--known-tokens", type=int, default=1, help="a fact is known if the greedy next tokens match "
+                   "the object's first N tokens (default 1)")
+    p.add_argument("--readout-on", default="all", choices=("all", "known"), help="facts used by the readout (default all)")
+    p.add_argument("--splits", type=int, default=3, help="random held-out splits averaged (default 3)")
+    p.add_argument("--padding", default="right", choices=("right", "left"))
+    common_args(p)
+
+    p = sub.add_parser("lre", help="linear relational embeddings: faithfulness and causality")
+    _model_args(p)
+    p.add_argument("--layer", type=int, default=None, help="subject layer l (default: n_layers // 3)")
+    p.add_argument("--beta", type=float, default=1.0, help="LRE scale beta (default 1)")
+    p.add_argument("--rank", type=int, default=64, help="rank of the pseudo-inverse for causality edits (default 64)")
+    p.add_argument("--n-train", type=int, default=5, help="facts whose Jacobians are averaged (default 5)")
+    p.add_argument("--facts", default="known", choices=("known", "all"),
+                   help="known: only facts the model completes correctly (default); all: every fact, scored "
+                        "against the model's own prediction")
+    p.add_argument("--max-test", type=int, default=None, help="cap on test facts per relation (default all)")
+    common_args(p)
+    return {"llm": _run_llm}
+
+
+def _run_llm(a) -> None:
+    from mechfact.llm import lre as L
+    from mechfact.llm import probe as P
+
+    common = dict(model=a.model, relations=a.relations, relation_names=a.relation_names, dtype=a.dtype,
+                  k_shot=a.k_shot, template=a.template, max_samples=a.max_samples, batch_size=a.batch_size,
+                  cache_states=not a.no_state_cache)
+    progress = not a.quiet
+    if a.llm_sub == "probe":
+        cfg = P.ProbeConfig(layers=_layers(a.layers), site=a.site, position=a.position, known_tokens=a.known_tokens,
+                            readout_on=a.readout_on, n_splits=a.splits, padding=a.padding, **common)
+        P.run_llm_probe(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
+    else:
+        cfg = L.LreConfig(layer=a.layer, beta=a.beta, rank=a.rank, n_train=a.n_train, facts=a.facts,
+                          max_test=a.max_test, **common)
+        L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
+    print(f"results written to {a.out}")

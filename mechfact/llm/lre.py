@@ -1,0 +1,285 @@
+"""Linear relational embeddings (Hernandez et al., ICLR 2024): faithfulness and causality.
+
+For a relation and a subject layer ``l``:
+
+* ``s`` = the subject's last-token ``resid_post`` at layer ``l`` in its (k-shot)
+  prompt; ``o`` = the last layer's ``resid_post`` at the prompt's last token
+  (before the final norm).
+* ``J_i = do/ds`` at training fact ``i``; ``J = mean_i J_i``,
+  ``b = mean_i (o_i - J_i s_i)``; ``LRE(s) = beta * J s + b``.
+* faithfulness: the top token of ``unembed(ln_final(LRE(s)))`` equals the
+  object's first token (= the model's own prediction, facts being known).
+* causality: edit ``s_i <- s_i + W_r^+ (LRE(s_j) - LRE(s_i))`` with ``W_r^+``
+  the rank-``r`` pseudo-inverse of ``beta J``, for a target fact ``j`` with a
+  different object; success if the model then predicts ``j``'s object.
+
+Jacobians are computed exactly and batched: the prompt prefix before the
+subject's last token runs once and its key/value cache is reused; the
+remaining few tokens run as ``d_model`` copies (split into chunks), one output
+coordinate per copy, so one backward pass gives a block of rows of ``J``. The
+copies share layers ``0..l`` (batch 1; expanded at the hook) and the forward
+stops right after the last block (no unembedding).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..config import DictConfig
+from ..runs import RunDir, read_json
+from ..seeding import derive_seed
+from .extract import forward_batch, hook_name
+from .loading import DTYPES, LoadedModel, load_model
+from .probe import relation_states, subset
+from .relations import load_relations
+
+logger = logging.getLogger(__name__)
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass early (the output was captured)."""
+
+
+@dataclass
+class LreConfig(DictConfig):
+    model: str = "default"
+    relations: str | None = None  # relation file or folder; None = the shipped dataset
+    relation_names: list[str] | None = None
+    layer: int | None = None  # subject layer l; None = n_layers // 3
+    beta: float = 1.0  # LRE(s) = beta * J s + b
+    rank: int = 64  # rank of the pseudo-inverse used for causality edits
+    n_train: int = 5  # facts whose Jacobians are averaged (the rest are test facts)
+    facts: str = "known"  # known: facts the model completes correctly | all: every fact, scored against the model's prediction
+    k_shot: int = 3  # in-context examples in every prompt
+    template: int = 0
+    max_samples: int | None = None
+    max_test: int | None = None  # cap on test facts per relation (None = all known facts left)
+    chunk: int = 96  # Jacobian rows per backward pass (memory vs speed)
+    dtype: str = "float32"
+    batch_size: int = 16
+    cache_states: bool = True
+
+    def validate(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"--beta {self.beta}: must be positive")
+        if self.rank < 1:
+            raise ValueError(f"--rank {self.rank}: must be >= 1")
+        if self.n_train < 1:
+            raise ValueError(f"--n-train {self.n_train}: must be >= 1")
+        if self.k_shot < 0:
+            raise ValueError(f"--k-shot {self.k_shot}: must be >= 0")
+        if self.max_samples is not None and self.max_samples < 4:
+            raise ValueError(f"--max-samples {self.max_samples}: need at least 4")
+        if self.facts not in ("known", "all"):
+            raise ValueError(f"--facts {self.facts}: allowed values are known, all")
+        if self.chunk < 1:
+            raise ValueError(f"--chunk {self.chunk}: must be >= 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype}: allowed values are {', '.join(DTYPES)}")
+
+
+def default_layer(n_layers: int) -> int:
+    return n_layers // 3
+
+
+def jacobian(lm: LoadedModel, tokens: list[int], pos: int, layer: int, chunk: int = 96
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(J, s, o): J = d o / d s (d_model, d_model), s = resid_post[layer] at ``pos``, o = last resid_post at the end."""
+    b = lm.bridge
+    name_s, name_o = hook_name("resid_post", layer), hook_name("resid_post", lm.n_layers - 1)
+    d = lm.d_model
+    dev = lm.device
+    toks = torch.tensor([tokens], device=dev)
+    for p in b.parameters():
+        p.requires_grad_(False)
+    pkv = None
+    if pos > 0:  # prefix before the subject's last token: once, batch 1
+        with torch.no_grad():
+            _, pkv = b(toks[:, :pos], return_type="logits_and_cache")
+    suffix = toks[:, pos:]
+    got: dict[str, torch.Tensor] = {}
+
+    def take_s(act, hook):
+        got["s"] = act[0, 0].detach().clone()
+        raise _Stop
+
+    def take_o(act, hook):
+        got["o"] = act[:, -1]
+        raise _Stop
+
+    try:  # s and o at the unedited point
+        with torch.no_grad():
+            b.run_with_hooks(suffix, past_key_values=copy.deepcopy(pkv), fwd_hooks=[(name_s, take_s)])
+    except _Stop:
+        pass
+    s0 = got["s"]
+    J = torch.empty((d, d), dtype=torch.float32)
+    o0 = None
+    for c0 in range(0, d, chunk):
+        B = min(chunk, d - c0)
+        kv = copy.deepcopy(pkv)
+        if kv is not None:  # layers after `layer` see B copies; layers up to it run once
+            for li in range(layer + 1, len(kv.layers)):
+                kv.layers[li].keys = kv.layers[li].keys.expand(B, -1, -1, -1).contiguous()
+                kv.layers[li].values = kv.layers[li].values.expand(B, -1, -1, -1).contiguous()
+        s = s0.to(lm.dtype).expand(B, d).clone().requires_grad_(True)
+
+        def put(act, hook, s=s, B=B):
+            return torch.cat([s[:, None], act[:, 1:].expand(B, -1, -1)], 1)
+
+        with torch.enable_grad():
+            try:
+                b.run_with_hooks(suffix, past_key_values=kv, fwd_hooks=[(name_s, put), (name_o, take_o)])
+            except _Stop:
+                pass
+            o = got.pop("o")
+            if o0 is None:
+                o0 = o[0].detach().float().cpu()
+            o[torch.arange(B), torch.arange(c0, c0 + B)].sum().backward()
+        J[c0:c0 + B] = s.grad.float().cpu()
+    return J, s0.float().cpu(), o0
+
+
+@dataclass
+class LRE:
+    J: torch.Tensor  # (d, d) mean Jacobian
+    b: torch.Tensor  # (d,)
+    beta: float
+
+    def __call__(self, s: torch.Tensor) -> torch.Tensor:  # (n, d) -> (n, d)
+        return self.beta * s @ self.J.T + self.b
+
+    def pinv(self, rank: int) -> torch.Tensor:
+        """Rank-``rank`` pseudo-inverse of ``beta J``."""
+        U, S, Vh = torch.linalg.svd(self.beta * self.J.double())
+        r = min(rank, int((S > S[0] * 1e-10).sum()))
+        return (Vh[:r].T @ torch.diag(1 / S[:r]) @ U[:, :r].T).float()
+
+
+def estimate_lre(lm: LoadedModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int = 96,
+                 progress: bool = True) -> LRE:
+    Js, bs = [], []
+    for i in tqdm(idx, desc="jacobians", leave=False, **({} if progress else {"disable": True})):
+        J, s, o = jacobian(lm, prompts[i].tokens, prompts[i].subject_last, layer, chunk)
+        Js.append(J)
+        bs.append(o - J @ s)
+    return LRE(J=torch.stack(Js).mean(0), b=torch.stack(bs).mean(0), beta=beta)
+
+
+def decode_top(lm: LoadedModel, o: torch.Tensor) -> torch.Tensor:
+    """Top token of final-layer states o (n, d) through the final norm and the unembedding."""
+    with torch.no_grad():
+        x = o.to(lm.device, lm.dtype)[:, None]
+        return lm.bridge.unembed(lm.bridge.ln_final(x))[:, 0].argmax(-1).cpu()
+
+
+def patched_predictions(lm: LoadedModel, prompts: list, idx: list[int], layer: int, delta: torch.Tensor,
+                        batch_size: int = 16) -> torch.Tensor:
+    """Greedy next token of prompts ``idx`` with ``delta[k]`` added to the subject state at ``layer``."""
+    name = hook_name("resid_post", layer)
+    out = torch.empty(len(idx), dtype=torch.long)
+    for c in range(0, len(idx), batch_size):
+        sel = idx[c:c + batch_size]
+        seqs = [prompts[i].tokens for i in sel]
+        pos = torch.tensor([prompts[i].subject_last for i in sel])
+        dl = delta[c:c + batch_size].to(lm.device, lm.dtype)
+
+        def edit(act, hook):
+            act = act.clone()
+            act[torch.arange(len(sel)), pos] += dl
+            return act
+
+        from .extract import pad_batch
+        toks, _, _, _ = pad_batch(seqs, lm.pad_id, "right")
+        with torch.no_grad():
+            logits = lm.bridge.run_with_hooks(toks.to(lm.device), fwd_hooks=[(name, edit)])
+        last = torch.tensor([len(s) - 1 for s in seqs])
+        out[c:c + len(sel)] = logits[torch.arange(len(sel)), last].argmax(-1).cpu()
+    return out
+
+
+def evaluate_relation(lm: LoadedModel, rel, cfg: LreConfig, layer: int, seed: int, progress: bool = True) -> dict:
+    rs = relation_states(lm, rel, layers=[layer], site="resid_post", position="subject_last", k_shot=cfg.k_shot,
+                         template=cfg.template, seed=seed, batch_size=cfg.batch_size, use_cache=cfg.cache_states,
+                         progress=progress)
+    n_known = int(rs.known.sum())
+    known = np.flatnonzero(rs.known) if cfg.facts == "known" else np.arange(len(rel))
+    row = {"relation": rel.name, "kind": rel.kind, "n_samples": len(rel), "n_known": n_known,
+           "n_train": 0, "n_test": 0, "faithfulness": None, "causality": None}
+    if len(known) < cfg.n_train + 1:
+        logger.warning("%s: %d usable facts, need %d; skipped", rel.name, len(known), cfg.n_train + 1)
+        return row
+    rng = np.random.default_rng(derive_seed(seed, f"llm.lre.{rel.name}"))
+    perm = rng.permutation(known)
+    train, test = sorted(perm[:cfg.n_train].tolist()), sorted(perm[cfg.n_train:].tolist())
+    if cfg.max_test is not None:
+        test = test[:cfg.max_test]
+    lre = estimate_lre(lm, rs.prompts, train, layer, cfg.beta, cfg.chunk, progress)
+    S = rs.states[0]  # (n, d) subject states at `layer`
+    # the model's own prediction; on known facts it is the object's first token
+    target = rs.next_token.clone()
+    top = decode_top(lm, lre(S[test]))
+    faith = float((top == target[test]).float().mean())
+    # causality: move fact i towards the object of another known fact j with a different first token
+    W_pinv = lre.pinv(cfg.rank)
+    pool = known.tolist()
+    tgt = []
+    for i in test:
+        others = [j for j in pool if int(target[j]) != int(target[i])]
+        tgt.append(int(rng.choice(others)) if others else -1)
+    ok = [k for k, j in enumerate(tgt) if j >= 0]
+    caus = None
+    if ok:
+        ti = [test[k] for k in ok]
+        tj = [tgt[k] for k in ok]
+        delta = (lre(S[tj]) - lre(S[ti])) @ W_pinv.T
+        pred = patched_predictions(lm, rs.prompts, ti, layer, delta, cfg.batch_size)
+        caus = float((pred == target[tj]).float().mean())
+    row.update(n_train=len(train), n_test=len(test), n_causality=len(ok), faithfulness=faith, causality=caus,
+               train_subjects=[rel.subjects[i] for i in train])
+    return row
+
+
+def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,
+                lm: LoadedModel | None = None, progress: bool = True) -> dict:
+    """LRE faithfulness and causality per relation at one layer; writes the standard run directory."""
+    from . import plots
+
+    cfg.validate()
+    rels = [subset(r, cfg.max_samples) for r in load_relations(cfg.relations, cfg.relation_names)]
+    lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
+    layer = default_layer(lm.n_layers) if cfg.layer is None else lm.check_layer(cfg.layer, "--layer")
+    if layer >= lm.n_layers - 1:
+        raise ValueError(f"--layer {layer}: must be below the last layer ({lm.n_layers - 1}); the LRE maps it there")
+    for r in rels:
+        if cfg.template >= len(r.prompt_templates):
+            raise ValueError(f"--template {cfg.template}: relation {r.name} has templates 0..{len(r.prompt_templates) - 1}")
+    run = RunDir(out, {"config": cfg, "seed": seed, "model_id": lm.model_id}, kind="llm.lre", seed=seed,
+                 device=str(lm.device))
+    res_file = run.file("result.json")
+    result = read_json(res_file) if res_file.exists() else {"model": lm.name, "n_layers": lm.n_layers, "layer": layer,
+                                                            "config": cfg.to_dict(), "per_relation": []}
+    done = {r["relation"] for r in result["per_relation"]}
+    for rel in rels:
+        if rel.name in done:
+            continue
+        row = evaluate_relation(lm, rel, cfg, layer, seed, progress)
+        logger.info("%s: known %d, test %d, faithfulness %s, causality %s", rel.name, row["n_known"], row["n_test"],
+                    row["faithfulness"], row["causality"])
+        result["per_relation"].append(row)
+        run.write_result(result)
+    vals = [r for r in result["per_relation"] if r["faithfulness"] is not None]
+    result["mean_faithfulness"] = float(np.mean([r["faithfulness"] for r in vals])) if vals else None
+    cv = [r["causality"] for r in vals if r["causality"] is not None]
+    result["mean_causality"] = float(np.mean(cv)) if cv else None
+    run.write_result(result)
+    plots.plot_lre(result, run.file("fig_lre.png"))
+    run.write_meta(model=lm.name, model_id=lm.model_id)
+    return result

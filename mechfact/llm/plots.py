@@ -1,0 +1,83 @@
+"""Figures for the LLM probes, drawn from result.json only."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..plotting import plt, save
+
+
+def plot_readout(result: dict, path) -> None:
+    """One panel per relation: held-out readout accuracy, shuffled control and chance across layers."""
+    rels = [r for r in result["relations"] if any(p["relation"] == r["relation"] for p in result["per_layer"])]
+    n = max(1, len(rels))
+    cols = min(4, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.6 * rows), squeeze=False, sharey=True)
+    for ax, rel in zip(axes.flat, rels):
+        pts = sorted((p for p in result["per_layer"] if p["relation"] == rel["relation"]), key=lambda p: p["layer"])
+        x = [p["layer"] for p in pts]
+        ax.plot(x, [p["readout_accuracy"] for p in pts], "o-", ms=2.5, label="readout (held-out)")
+        ax.plot(x, [p["control_accuracy"] for p in pts], "s--", ms=2, color="tab:gray", label="shuffled control")
+        ax.plot(x, [p["chance"] for p in pts], ":", color="tab:red", label="chance")
+        ax.set_title(f"{rel['relation']} ({pts[0]['readout_kind'] if pts else ''})\n"
+                     f"known {rel['n_known']}/{rel['n_samples']}", fontsize=8)
+        ax.set_ylim(-0.02, 1.02)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(rels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6, loc="lower right")
+    fig.supxlabel("layer")
+    fig.supylabel("accuracy")
+    fig.suptitle(f"{result.get('model', '')}: linear readout of the object from the subject state", fontsize=10)
+    save(fig, path)
+
+
+def plot_readout_mean(result: dict, path) -> None:
+    fig, ax = plt.subplots(figsize=(6.2, 4))
+    colors = {"many_to_one": "tab:blue", "one_to_one": "tab:green", "all": "k"}
+    for group, c in colors.items():
+        pts = [r for r in result.get("mean_per_layer", []) if r["group"] == group]
+        if not pts:
+            continue
+        x = [r["layer"] for r in pts]
+        ax.plot(x, [r["mean_readout_accuracy"] for r in pts], "o-", ms=3, color=c,
+                label=f"{group} (n={pts[0]['n_relations']}) readout")
+        ax.plot(x, [r["mean_control_accuracy"] for r in pts], "--", color=c, alpha=0.5, label=f"{group} control")
+        ax.plot(x, [r["mean_chance"] for r in pts], ":", color=c, alpha=0.7, label=f"{group} chance")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean held-out accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{result.get('model', '')}: mean readout across relations")
+    save(fig, path)
+
+
+def plot_known(result: dict, path) -> None:
+    rels = result["relations"]
+    fig, ax = plt.subplots(figsize=(6.4, 0.3 * len(rels) + 1.2))
+    y = np.arange(len(rels))
+    ax.barh(y, [r["n_samples"] for r in rels], color="lightgray", label="samples")
+    ax.barh(y, [r["n_known"] for r in rels], color="tab:blue", label="known (greedy = object)")
+    ax.set_yticks(y, [r["relation"] for r in rels], fontsize=8)
+    ax.invert_yaxis()
+    ax.legend(fontsize=7)
+    ax.set_xlabel("facts")
+    save(fig, path)
+
+
+def plot_lre(result: dict, path) -> None:
+    rels = result["per_relation"]
+    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(rels) + 2), 3.8))
+    x = np.arange(len(rels))
+    ax.bar(x - 0.2, [r["faithfulness"] if r["faithfulness"] is not None else 0 for r in rels], 0.4, label="faithfulness")
+    ax.bar(x + 0.2, [r["causality"] if r["causality"] is not None else 0 for r in rels], 0.4, label="causality")
+    ax.set_xticks(x, [r["relation"] for r in rels], rotation=45, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
+    c = result.get("config", {})
+    ax.set_title(f"{result.get('model', '')}: LRE at layer {result.get('layer')} "
+                 f"(beta={c.get('beta')}, rank={c.get('rank')})", fontsize=9)
+    save(fig, path)

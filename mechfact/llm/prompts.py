@@ -1,0 +1,90 @@
+"""Prompts for relational facts: zero-shot or k-shot, tokenised with the subject's token positions.
+
+A k-shot prompt puts ``k`` completed examples of the same relation (other
+subjects, drawn with a seeded generator) before the query, one per line::
+
+    Tokyo is a city in Japan
+    Lyon is a city in France
+    Cairo is a city in Egypt
+    Osaka is a city in
+
+Token positions count the BOS token the bridge prepends (when it does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..seeding import derive_seed
+from .relations import Relation
+
+POSITIONS = ("subject_last", "subject_first", "last")
+
+
+@dataclass
+class Prompt:
+    text: str
+    subject: str
+    object: str
+    tokens: list[int]  # including BOS when the model prepends it
+    subject_first: int  # token positions in ``tokens``
+    subject_last: int
+
+    @property
+    def last(self) -> int:
+        return len(self.tokens) - 1
+
+    def position(self, which: str) -> int:
+        if which not in POSITIONS:
+            raise ValueError(f"--position {which}: allowed values are {', '.join(POSITIONS)}")
+        return getattr(self, which)
+
+
+def icl_examples(n: int, i: int, k: int, seed: int, tag: str) -> list[int]:
+    """``k`` indices of other samples (not ``i``) for the in-context examples of sample ``i``."""
+    if k <= 0 or n < 2:
+        return []
+    others = np.array([j for j in range(n) if j != i])
+    rng = np.random.default_rng(derive_seed(seed, f"llm.icl.{tag}", i))
+    return [int(j) for j in rng.choice(others, size=min(k, len(others)), replace=False)]
+
+
+def prompt_text(rel: Relation, i: int, *, k: int = 3, template: int = 0, seed: int = 0) -> tuple[str, int, int]:
+    """(text, subject char start, subject char end) of sample ``i``'s prompt."""
+    tpl = rel.prompt_templates[template]
+    lines = [f"{tpl.format(rel.subjects[j])} {rel.objects[j]}" for j in icl_examples(len(rel), i, k, seed, rel.name)]
+    head = "".join(line + "\n" for line in lines)
+    start = len(head) + tpl.index("{}")
+    return head + tpl.format(rel.subjects[i]), start, start + len(rel.subjects[i])
+
+
+def tokenize_prompt(tokenizer, text: str, span: tuple[int, int], bos_id: int | None) -> tuple[list[int], int, int]:
+    """Token ids (BOS first when ``bos_id`` is given) and the first/last token positions of ``text[span]``."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offs = list(enc["input_ids"]), list(enc["offset_mapping"])
+    start, end = span
+    inside = [t for t, (a, b) in enumerate(offs) if a < end and b > start]
+    if not inside:
+        raise ValueError(f"subject span {text[start:end]!r} maps to no token in {text!r}")
+    shift = 1 if bos_id is not None else 0
+    return ([bos_id] if bos_id is not None else []) + ids, inside[0] + shift, inside[-1] + shift
+
+
+def object_token_ids(tokenizer, obj: str) -> list[int]:
+    """Tokens of the object as it continues a prompt (a leading space)."""
+    return list(tokenizer(" " + obj, add_special_tokens=False)["input_ids"])
+
+
+def build_prompts(rel: Relation, tokenizer, bos_id: int | None, *, k: int = 3, template: int = 0,
+                  seed: int = 0) -> list[Prompt]:
+    if not 0 <= template < len(rel.prompt_templates):
+        raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
+    out = []
+    for i in range(len(rel)):
+        text, a, b = prompt_text(rel, i, k=k, template=template, seed=seed)
+        toks, first, last = tokenize_prompt(tokenizer, text, (a, b), bos_id)
+        out.append(Prompt(text=text, subject=rel.subjects[i], object=rel.objects[i], tokens=toks,
+                          subject_first=first, subject_last=last))
+    return out

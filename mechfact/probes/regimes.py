@@ -1,0 +1,46 @@
+"""Named training regimes of the one-layer fact model, for the probes' "both sides" comparison.
+
+A regime is the model shape plus how it is trained (:class:`~mechfact.probes.fit.FitConfig`)
+plus which tensors stay at their random initialisation. The numbers behind
+each choice are in docs/results_probes.md (``probes/regimes.py`` reproduces them).
+
+* ``plain``     -- the first independent attempt's setting: d = 64, m = 64,
+  Adam lr 1e-2, no regularisation, stopped at 100% train accuracy.
+* ``plain-wide``-- the same at d = 128, m = 256 (above the construction's
+  d = R b + R = 100 for N = 512).
+* ``l2``        -- d = 64, m = 64, coupled L2 (1e-3), 4000 steps past 100%.
+* ``geometric`` -- d = 128, m = 256, coupled L2 (1e-3) on every trained tensor,
+  4000 full-batch steps, the unembedding kept at its random N(0, I/d) init
+  (attribute vectors cannot co-adapt with the facts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..facts.model import FactModel, FactModelConfig
+from .fit import FitConfig
+
+
+@dataclass
+class Regime:
+    d: int = 64
+    mlp_width: int = 64
+    fit: FitConfig = field(default_factory=FitConfig)
+    freeze: tuple[str, ...] = ()  # parameter names kept at their initialisation
+    model: dict = field(default_factory=dict)  # extra FactModelConfig fields (attention, tied, layer_norm, ...)
+
+    def build(self, n_entities: int, n_relations: int, seed: int = 0) -> FactModel:
+        return FactModel(FactModelConfig(n_entities, n_relations, d=self.d, mlp_width=self.mlp_width, seed=seed,
+                                         **self.model))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+REGIMES: dict[str, Regime] = {
+    "plain": Regime(64, 64, FitConfig(lr=1e-2, steps=3000, target_accuracy=1.0, eval_every=25)),
+    "plain-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=3000, target_accuracy=1.0, eval_every=25)),
+    "l2": Regime(64, 64, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500)),
+    "geometric": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500), ("W_U_ent",)),
+}

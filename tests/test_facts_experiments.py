@@ -1,0 +1,145 @@
+"""`mechfact facts ...`: run directories, determinism, resume, constructions, capacity, multi-hop, bad input."""
+
+import math
+
+import pytest
+import torch
+
+from mechfact.cli import main
+from mechfact.facts import evaluate
+from mechfact.facts import experiments as ex
+from mechfact.facts.runio import load_fact_run
+from mechfact.facts.train import TrainConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+CPU = torch.device("cpu")
+
+
+def _tiny_train_cfg(**over):
+    base = dict(subjects=32, relations=2, d=8, mlp_width=16,
+                train=TrainConfig(steps=60, target_accuracy=None, eval_every=10))
+    base.update(over)
+    return ex.FactsTrainConfig(**base)
+
+
+def test_train_same_seed_same_result_file(tmp_path):
+    for name in ("a", "b"):
+        assert main(["facts", "train", "--subjects", "32", "--relations", "2", "--d", "8", "--mlp-width", "16",
+                     "--steps", "40", "--eval-every", "10", "--quiet", "--out", str(tmp_path / name)]) == 0
+    a, b = ((tmp_path / n / "result.json").read_bytes() for n in ("a", "b"))
+    assert a == b
+    model, world = load_fact_run(tmp_path / "a")
+    import json
+
+    assert evaluate(model, world)["accuracy"] == json.loads(a)["accuracy"]
+
+
+def test_interrupted_training_resumes_to_the_same_numbers(tmp_path):
+    cfg = _tiny_train_cfg()
+    full = ex.run_train(cfg, tmp_path / "full", device=CPU, progress=False, checkpoint_every=20)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(state):
+        if state["step"] == 20:
+            raise Stop
+
+    with pytest.raises(Stop):
+        ex.run_train(cfg, tmp_path / "cut", device=CPU, progress=False, checkpoint_every=20, _after_checkpoint=interrupt)
+    assert not (tmp_path / "cut" / "result.json").exists()
+    resumed = ex.run_train(cfg, tmp_path / "cut", device=CPU, progress=False, checkpoint_every=20)
+    assert resumed["history"] == full["history"] and resumed["accuracy"] == full["accuracy"]
+    assert (tmp_path / "cut" / "result.json").read_bytes() == (tmp_path / "full" / "result.json").read_bytes()
+
+
+def test_trainable_embeddings_memorise_with_small_d():
+    """N=64, R=2, d=8, MLP width 8: trainable embeddings store all 128 facts; frozen ones (measured 0.16) cannot,
+    and freezing only the input embeddings lets the unembedding store them (measured 0.99)."""
+    res = {}
+    for emb in ("trainable", "frozen", "frozen-input"):
+        cfg = _tiny_train_cfg(subjects=64, d=8, mlp_width=8, model=ex.ModelSpec(embeddings=emb),
+                              train=TrainConfig(steps=600, target_accuracy=0.99, eval_every=25))
+        world = ex.FactWorld(64, 2, 0)
+        model = ex.build_model(world, cfg.d, cfg.mlp_width, cfg.model)
+        res[emb] = ex.train(model, world, cfg.train, progress=False)["accuracy"]
+    assert res["trainable"] >= 0.99
+    assert res["frozen"] < 0.4, res
+    assert res["frozen-input"] > 0.9, res
+
+
+def test_construction_reaches_99_and_scales_like_r_log_n(tmp_path):
+    ratios = []
+    for N in (64, 1024):
+        for R in (2, 4):
+            r = ex.run_construct(ex.ConstructConfig(subjects=N, relations=R), tmp_path / f"c{N}_{R}", device=CPU)
+            assert r["accuracy"] >= 0.99
+            ratios.append(r["d"] / (R * math.log(N)))
+    # measured 3.85-4.04; d proportional to N (or to R N) would give ratios spread over 10x
+    assert max(ratios) / min(ratios) < 1.3, ratios
+    assert all(3.0 < x < 5.5 for x in ratios), ratios
+    model, world = load_fact_run(tmp_path / "c64_2")
+    assert evaluate(model, world)["accuracy"] >= 0.99
+
+
+def test_cot_construction_and_too_small_d(tmp_path):
+    r = ex.run_construct(ex.ConstructConfig(subjects=32, relations=2, hops=3, cot=True), tmp_path / "c", device=CPU)
+    assert r["accuracy"] >= 0.99 and r["hops"] == 3
+    r2 = ex.run_construct(ex.ConstructConfig(subjects=256, relations=2, d=10), tmp_path / "small", device=CPU)
+    assert r2["d"] <= 10 and r2["accuracy"] < 0.5  # block size 4 cannot separate 256 attributes
+
+
+def test_capacity_thresholds_and_unreached_settings(tmp_path):
+    cfg = ex.FactsCapacityConfig(subjects=[32], relations=[1, 4], grid=[1, 2, 4, 8, 16], mlp_width=16,
+                                 train=TrainConfig(steps=400, eval_every=25, patience=200))
+    res = ex.run_facts_capacity(cfg, tmp_path / "cap", device=CPU)
+    th = {t["relations"]: t for t in res["thresholds"]}
+    for t in th.values():
+        assert {"subjects", "relations", "embeddings", "d", "mlp_width", "searched", "threshold"} <= set(t)
+    assert th[1]["threshold"] is not None and th[4]["threshold"] is not None
+    assert th[4]["threshold"] > th[1]["threshold"]  # 4x the facts need a wider model
+    assert (tmp_path / "cap" / "fig_capacity.png").exists()
+    # an unreachable grid is reported as such, not dropped
+    cfg2 = ex.FactsCapacityConfig(subjects=[32], relations=[4], grid=[1], mlp_width=16,
+                                  train=TrainConfig(steps=50, eval_every=25))
+    res2 = ex.run_facts_capacity(cfg2, tmp_path / "cap2", device=CPU)
+    assert res2["thresholds"][0]["threshold"] is None and "never reached" in res2["thresholds"][0]["note"]
+
+
+BAD = [
+    (["facts", "train", "--relations", "0"], "--relations 0"),
+    (["facts", "train", "--subjects", "1"], "--subjects 1"),
+    (["facts", "train", "--hops", "0"], "--hops 0"),
+    (["facts", "train", "--d", "0"], "--d 0"),
+    (["facts", "train", "--d", "-4"], "--d -4"),
+    (["facts", "train", "--embeddings", "glued"], "--embeddings"),
+    (["facts", "train", "--attention", "sparse"], "--attention"),
+    (["facts", "train", "--schedule", "linear"], "--schedule"),
+    (["facts", "train", "--hops", "2"], "--attention uniform"),
+    (["facts", "train", "--cot"], "--cot"),
+    (["facts", "train", "--lr", "0"], "--lr 0"),
+    (["facts", "capacity", "--search", "depth"], "--search"),
+    (["facts", "capacity", "--relations", "2", "0"], "--relations 0"),
+    (["facts", "capacity", "--grid", "8", "0"], "--grid"),
+    (["facts", "construct", "--relations", "4", "--d", "6"], "--d 6"),
+    (["facts", "construct", "--hops", "2"], "--cot"),
+    (["facts", "multihop", "--hops", "0"], "--hops 0"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", BAD)
+def test_bad_input_exits_2_with_one_line(argv, needle, tmp_path, capsys):
+    assert main(argv + ["--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err, err
+
+
+def test_corrupted_checkpoint_exits_2(tmp_path, capsys):
+    argv = ["facts", "train", "--subjects", "16", "--relations", "1", "--d", "4", "--mlp-width", "8", "--steps", "5",
+            "--eval-every", "5", "--quiet", "--out", str(tmp_path / "r")]
+    assert main(argv) == 0
+    ck = tmp_path / "r" / "checkpoint.pt"
+    ck.write_bytes(ck.read_bytes()[:100])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "corrupted checkpoint" in err and "checkpoint.pt" in err, err

