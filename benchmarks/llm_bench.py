@@ -11,7 +11,8 @@ same thread count:
      of the extracted states;
   3. the LRE of one relation (Jacobians batched over output coordinates,
      prefix KV cache reused) end to end: wall time (target < 60 s on 2 cores
-     for the default model), with its faithfulness and causality.
+     for the default model; wall and process CPU seconds, since a shared
+     machine inflates wall time), with its faithfulness and causality.
 
     python benchmarks/llm_bench.py --threads 2 [--model default] [--device auto] [--skip-lre]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -98,11 +100,12 @@ def main() -> None:
 
         cfg = LreConfig(relation_names=[rel.name], cache_states=False)
         layer = default_layer(lm.n_layers)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         row = evaluate_relation(lm, rel, cfg, layer, seed=0, progress=False)
         out["lre"] = {"layer": layer, "n_train": row["n_train"], "n_test": row["n_test"],
-                      "wall_s": round(time.perf_counter() - t, 1), "faithfulness": row["faithfulness"],
-                      "causality": row["causality"]}
+                      "wall_s": round(time.perf_counter() - t, 1), "cpu_s": round(time.process_time() - c, 1),
+                      "faithfulness": row["faithfulness"], "causality": row["causality"]}
+    out["load_average_1min"] = round(os.getloadavg()[0], 2)  # other processes on the machine during the run
     out["peak_rss_MB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     if dev.type == "cuda":
         out["cuda_peak_MB"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)

@@ -40,6 +40,6 @@ for j, layer in enumerate(layers):
     s = linear_readout(rs.states[j], y, train, test, kind="classifier")
     print(f"{layer:>5} {s.accuracy:>8.2f} {s.control_accuracy:>8.2f} {s.chance:>7.2f}")
 
-row = evaluate_relation(lm, rel, LreConfig(n_train=3, max_test=20), layer=10, seed=0, progress=False)
-print(f"\nLRE at layer 10 from {row['n_train']} Jacobians: faithfulness {row['faithfulness']:.2f}, "
+row = evaluate_relation(lm, rel, LreConfig(n_train=3, max_test=20), layer=15, seed=0, progress=False)
+print(f"\nLRE at layer 15 from {row['n_train']} Jacobians: faithfulness {row['faithfulness']:.2f}, "
       f"causality {row['causality']:.2f} on {row['n_test']} held-out known facts")

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -162,3 +162,12 @@ class RunDir:
             **extra,
         }
         write_json_atomic(self.path / "meta.json", meta)
+
+    def finish(self, result: Any, draw: Callable[[Any, Path], Any] | None = None, fig: str | None = None,
+               **meta: Any) -> Any:
+        """Write result.json, draw ``fig`` from it with ``draw(result, path)``, then meta.json."""
+        self.write_result(result)
+        if draw is not None and fig is not None:
+            draw(result, self.file(fig))
+        self.write_meta(**meta)
+        return result

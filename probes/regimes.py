@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from mechfact.facts import FactWorld, evaluate
+from mechfact.facts import FactWorld, build_single_hop, evaluate, min_block_size
 from mechfact.facts.runio import save_fact_run
 from mechfact.probes.experiments import SwapConfig, probe_all, summary
 from mechfact.probes.fit import FitConfig, train_fact_model
@@ -33,18 +33,29 @@ R = 4
 SWAP = SwapConfig(new_seed=1, retrain=FitConfig(lr=1e-2, steps=300, eval_every=25))
 
 
+CHOICES = ["construction", *REGIMES]
+
+
 def run_one(regime: str, n: int, out: Path, seed: int = 0) -> dict:
-    reg = REGIMES[regime]
+    """Train (or, for ``construction``, build with the smallest block size reaching 100%) and probe."""
     path = out / f"{regime}_N{n}"
     if (path / "summary.json").is_file():
         return read_json(path / "summary.json")
-    run = RunDir(path, {"regime": regime, "n_entities": n, "n_relations": R, **reg.to_dict(),
-                        "swap": SWAP.to_dict()}, kind="probes.regimes", seed=seed, device="cpu")
     world = FactWorld(n, R, seed=seed)
-    model = reg.build(n, R, seed=seed)
     t0 = time.time()
-    hist = train_fact_model(model, world, reg.fit, freeze=reg.freeze)
+    if regime == "construction":
+        b, _ = min_block_size(n, R, target=1.0, seed=seed, start=8)
+        cfg = {"block_size": b}
+        model = build_single_hop(world, b, seed=seed)
+        hist = [{"step": 0, "loss": float("nan"), "accuracy": evaluate(model, world)["accuracy"]}]
+    else:
+        reg = REGIMES[regime]
+        cfg = reg.to_dict()
+        model = reg.build(n, R, seed=seed)
+        hist = train_fact_model(model, world, reg.fit, freeze=reg.freeze, l2_only=reg.l2_only)
     train_s = time.time() - t0
+    run = RunDir(path, {"regime": regime, "n_entities": n, "n_relations": R, **cfg, "swap": SWAP.to_dict()},
+                 kind="probes.regimes", seed=seed, device="cpu")
     save_fact_run(path, model, world)
     res = probe_all(model, world, seed=seed, swap=SWAP,
                     readout_sites=["hook_embed@subject", "blocks.0.hook_resid_mid@last", "blocks.0.hook_resid_post@last"])
@@ -78,7 +89,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/probes_regimes")
-    ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
+    ap.add_argument("--regimes", nargs="+", default=CHOICES, choices=CHOICES)
     ap.add_argument("--n", type=int, nargs="+", default=[512])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--table", action="store_true", help="only print the table of finished runs")

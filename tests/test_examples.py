@@ -42,3 +42,10 @@ def test_readout_example_reads_heldout_subjects():
     accs = [float(a) for a in re.findall(r"accuracy ([\d.]+)", stdout)]
     assert len(accs) == 8 and min(accs) >= 0.95
     assert float(re.search(r"held-out ([\d.-]+)", stdout).group(1)) >= 0.95
+
+
+def test_facts_memorisation_example():
+    stdout = _run_example("facts_memorisation.py")
+    acc = {e: float(a) for e, a in re.findall(r"^\s*(trainable|frozen) embeddings.*accuracy ([\d.]+)", stdout, re.M)}
+    assert acc["trainable"] >= 0.99 and acc["frozen"] < 0.3, acc
+    assert float(re.search(r"construction: .*accuracy ([\d.]+)", stdout).group(1)) >= 0.99

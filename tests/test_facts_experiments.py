@@ -143,3 +143,16 @@ def test_corrupted_checkpoint_exits_2(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "corrupted checkpoint" in err and "checkpoint.pt" in err, err
+
+
+@pytest.mark.slow
+def test_chain_of_thought_beats_direct_at_three_hops(tmp_path):
+    """Same d=16, width 32 and budget: direct 3-hop must store N R^3 = 2048 chains, CoT only N R = 128 facts."""
+    cfg = ex.MultihopConfig(subjects=32, relations=4, hops=[3], d=16, mlp_width=32,
+                            train=TrainConfig(lr=3e-2, schedule="warmup-cosine", steps=600, target_accuracy=0.99,
+                                              eval_every=50))
+    res = ex.run_multihop(cfg, tmp_path / "mh", device=CPU)
+    acc = {p["mode"]: p["accuracy"] for p in res["points"]}
+    assert acc["cot"] >= 0.9, acc
+    assert acc["direct"] < 0.6, acc
+    assert (tmp_path / "mh" / "fig_multihop.png").exists()

@@ -87,3 +87,14 @@ def test_help(capsys):
     for argv in (["llm", "--help"], ["llm", "probe", "--help"], ["llm", "lre", "--help"]):
         assert main(argv) == 0
         assert "usage:" in capsys.readouterr().out
+
+
+def test_bfloat16_probe_and_lre_run(env, tmp_path, one_thread):
+    out = tmp_path / "bf16"
+    assert main(["llm", "probe", "--model", env["model"], "--relations", env["relations"], "--relation-names",
+                 "tiny_colour", "--layers", "1", "--dtype", "bfloat16", "--splits", "1", "--out", str(out),
+                 "--quiet"]) == 0
+    assert json.loads((out / "config.json").read_text())["config"]["dtype"] == "bfloat16"
+    assert main(["llm", "lre", "--model", env["model"], "--relations", env["relations"], "--relation-names",
+                 "tiny_colour", "--layer", "1", "--dtype", "bfloat16", "--n-train", "2", "--facts", "all",
+                 "--rank", "4", "--out", str(tmp_path / "bf16_lre"), "--quiet"]) == 0

@@ -180,3 +180,18 @@ def test_probe_resumes_and_rejects_other_config(tiny, cache, tmp_path, one_threa
     with pytest.raises(ValueError, match="different config"):
         run_llm_probe(ProbeConfig(relations=str(tiny["relations"]), layers=[1], n_splits=1), tmp_path / "p", lm=lm,
                       progress=False)
+
+
+def test_causal_edit_through_the_shared_patching_engine(tiny, one_thread):
+    """Setting the subject state to its own value (through run_with_interventions) reproduces the clean answers."""
+    from mechfact.llm.extract import extract_states
+    from mechfact.llm.lre import patched_predictions
+
+    lm = tiny["models"]["phi3"]
+    ps = _prompts(lm, tiny["relations"], k=2)
+    idx = list(range(6))
+    layer = lm.n_layers - 1
+    ex = extract_states(lm, [p.tokens for p in ps], [p.subject_last for p in ps], layers=[layer], use_cache=False,
+                        progress=False)
+    same = patched_predictions(lm, ps, idx, layer, ex.states[0, idx])
+    assert torch.equal(same, ex.next_token[idx])

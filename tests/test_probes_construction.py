@@ -77,6 +77,7 @@ def test_constructed_swap_zero_shot(cons):
     res = freeze_and_swap(model, world, new_seed=5, retrain=FitConfig(steps=20, eval_every=10, lr=3e-2))
     assert res.original_accuracy == 1.0
     assert res.zero_shot_accuracy >= 0.95 and res.zero_shot_control_accuracy <= 0.05
+    assert res.reconstructed_accuracy == 1.0
     assert [p["step"] for p in res.retrain_curve] == [0, 10, 20]
     assert res.retrain_curve[-1]["accuracy"] > res.retrain_curve[0]["accuracy"]
     assert model.W_E_ent.requires_grad  # freezing is undone

@@ -75,3 +75,10 @@ def test_bad_input_names_what_exists(tiny):
         collect(torch.nn.Linear(2, 2), ps, [Site(hooks.embed())])
     with pytest.raises(ValueError, match="position"):
         Site("hook_embed", "middle")
+
+
+def test_empty_unit_list_is_a_no_op(tiny):
+    model, world = tiny
+    ps = from_world(world)
+    clean = run_with_interventions(model, ps, [])
+    assert torch.allclose(run_with_interventions(model, ps, [Intervention(hooks.mlp_post(0), "zero", [])]), clean)

@@ -17,10 +17,12 @@ def _model_args(p: argparse.ArgumentParser, attention: str = "uniform") -> None:
     p.add_argument("--layer-norm", action="store_true", help="pre-LayerNorm before attention, MLP and unembedding")
 
 
-def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int) -> None:
+def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int, lr: float = 1e-2,
+                schedule: str = "constant") -> None:
     p.add_argument("--steps", type=int, default=steps, help=f"Adam step budget per model (default {steps})")
-    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default 1e-2)")
-    p.add_argument("--schedule", default="constant", choices=SCHEDULES, help="learning-rate schedule (default constant)")
+    p.add_argument("--lr", type=float, default=lr, help=f"Adam (peak) learning rate (default {lr:g})")
+    p.add_argument("--schedule", default=schedule, choices=SCHEDULES,
+                   help=f"learning-rate schedule; warmup-cosine: 5%% linear warm-up then cosine to 0 (default {schedule})")
     p.add_argument("--batch-size", type=int, default=0, help="queries per step; 0 = full batch (default 0)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay (default 0)")
     p.add_argument("--patience", type=int, default=patience,
@@ -28,15 +30,19 @@ def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int) -> None:
     p.add_argument("--eval-every", type=int, default=50, help="steps between accuracy checks (default 50)")
 
 
+def _size_args(p: argparse.ArgumentParser, subjects: int, d: int, mlp_width: int = 64) -> None:
+    p.add_argument("--subjects", type=int, default=subjects, help=f"N entities (default {subjects})")
+    p.add_argument("--relations", type=int, default=4, help="R relations (default 4)")
+    p.add_argument("--d", type=int, default=d, help=f"residual width (default {d})")
+    p.add_argument("--mlp-width", type=int, default=mlp_width, help=f"MLP hidden units m (default {mlp_width})")
+
+
 def register(sub) -> dict:
     fp = sub.add_parser("facts", help="synthetic facts and one-layer transformers (paper B)")
     fsub = fp.add_subparsers(dest="facts_cmd", required=True, parser_class=type(fp))
 
     p = fsub.add_parser("train", help="train one model on N*R facts (checkpoints; rerun to resume)")
-    p.add_argument("--subjects", type=int, default=256, help="N entities (default 256)")
-    p.add_argument("--relations", type=int, default=4, help="R relations (default 4)")
-    p.add_argument("--d", type=int, default=32, help="residual width (default 32)")
-    p.add_argument("--mlp-width", type=int, default=64, help="MLP hidden units m (default 64)")
+    _size_args(p, subjects=256, d=32)
     p.add_argument("--embeddings", default="trainable", choices=EMBEDDINGS, help="(default trainable)")
     p.add_argument("--hops", type=int, default=1, help="k-hop queries (default 1)")
     p.add_argument("--cot", action="store_true", help="answer k-hop queries with chain of thought")
@@ -68,13 +74,10 @@ def register(sub) -> dict:
     common_args(p)
 
     p = fsub.add_parser("multihop", help="direct vs chain-of-thought answering of k-hop queries, same model size")
-    p.add_argument("--subjects", type=int, default=64)
-    p.add_argument("--relations", type=int, default=4)
+    _size_args(p, subjects=32, d=16, mlp_width=32)
     p.add_argument("--hops", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--d", type=int, default=32)
-    p.add_argument("--mlp-width", type=int, default=64)
     _model_args(p, attention="learned")
-    _optim_args(p, steps=3000, patience=1500)
+    _optim_args(p, steps=3000, patience=0, lr=3e-2, schedule="warmup-cosine")
     common_args(p)
     return {"facts": _run}
 

@@ -59,7 +59,7 @@ def register(subparsers) -> dict:
 
     p = sub.add_parser("lre", help="linear relational embeddings: faithfulness and causality")
     _model_args(p)
-    p.add_argument("--layer", type=int, default=None, help="subject layer l (default: n_layers // 3)")
+    p.add_argument("--layer", type=int, default=None, help="subject layer l (default: n_layers // 2, 15 for SmolLM2-135M)")
     p.add_argument("--beta", type=float, default=1.0, help="LRE scale beta (default 1)")
     p.add_argument("--rank", type=int, default=64, help="rank of the pseudo-inverse for causality edits (default 64)")
     p.add_argument("--n-train", type=int, default=5, help="facts whose Jacobians are averaged (default 5)")

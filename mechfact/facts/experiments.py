@@ -60,6 +60,14 @@ def _check_hops(hops: int, attention: str) -> None:
                          "relations; use --attention learned (positions are added for k > 1)")
 
 
+def _check_world_and_size(cfg) -> None:
+    _int_at_least("subjects", cfg.subjects, 2)
+    _int_at_least("relations", cfg.relations, 1)
+    _int_at_least("d", cfg.d, 1)
+    _int_at_least("mlp-width", cfg.mlp_width, 1)
+    cfg.model.validate()
+
+
 def build_model(world: FactWorld, d: int, mlp_width: int, spec: ModelSpec, hops: int = 1, cot: bool = False,
                 seed: int = 0, embeddings: str | None = None) -> FactModel:
     """A fresh FactModel for ``world``; k > 1 hops get learned positions for the query length."""
@@ -88,11 +96,7 @@ class FactsTrainConfig(DictConfig):
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=5000, target_accuracy=0.99, eval_every=50))
 
     def validate(self) -> None:
-        _int_at_least("subjects", self.subjects, 2)
-        _int_at_least("relations", self.relations, 1)
-        _int_at_least("d", self.d, 1)
-        _int_at_least("mlp-width", self.mlp_width, 1)
-        self.model.validate()
+        _check_world_and_size(self)
         _check_hops(self.hops, self.model.attention)
         if self.cot and self.hops == 1:
             raise ValueError("--cot needs --hops >= 2 (a single hop has no intermediate entity)")
@@ -148,10 +152,7 @@ def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, s
 def _finish(run: RunDir, result: dict, plot: str, fig: str, **meta) -> dict:
     from . import plots
 
-    run.write_result(result)
-    getattr(plots, plot)(result, run.file(fig))
-    run.write_meta(**meta)
-    return result
+    return run.finish(result, getattr(plots, plot), fig, **meta)
 
 
 # ---- facts construct --------------------------------------------------------------------------------
@@ -362,21 +363,17 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
 
 @dataclass
 class MultihopConfig(DictConfig):
-    subjects: int = 64
+    subjects: int = 32
     relations: int = 4
     hops: list[int] = field(default_factory=lambda: [1, 2, 3])
-    d: int = 32
-    mlp_width: int = 64
+    d: int = 16
+    mlp_width: int = 32
     model: ModelSpec = field(default_factory=lambda: ModelSpec(attention="learned"))
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=3000, target_accuracy=0.99, eval_every=50,
-                                                                   patience=1500))
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=3e-2, schedule="warmup-cosine", steps=3000,
+                                                                   target_accuracy=0.99, eval_every=50))
 
     def validate(self) -> None:
-        _int_at_least("subjects", self.subjects, 2)
-        _int_at_least("relations", self.relations, 1)
-        _int_at_least("d", self.d, 1)
-        _int_at_least("mlp-width", self.mlp_width, 1)
-        self.model.validate()
+        _check_world_and_size(self)
         if not self.hops:
             raise ValueError("--hops: give at least one value")
         for k in self.hops:

@@ -35,12 +35,15 @@ from tqdm.auto import tqdm
 from ..config import DictConfig
 from ..runs import RunDir, read_json
 from ..seeding import derive_seed
-from .extract import forward_batch, hook_name
+from .extract import hook_name
 from .loading import DTYPES, LoadedModel, load_model
 from .probe import relation_states, subset
 from .relations import load_relations
 
 logger = logging.getLogger(__name__)
+
+
+BETA_SWEEP = (0.5, 1.0, 2.0, 3.0, 5.0)
 
 
 class _Stop(Exception):
@@ -52,7 +55,7 @@ class LreConfig(DictConfig):
     model: str = "default"
     relations: str | None = None  # relation file or folder; None = the shipped dataset
     relation_names: list[str] | None = None
-    layer: int | None = None  # subject layer l; None = n_layers // 3
+    layer: int | None = None  # subject layer l; None = n_layers // 2
     beta: float = 1.0  # LRE(s) = beta * J s + b
     rank: int = 64  # rank of the pseudo-inverse used for causality edits
     n_train: int = 5  # facts whose Jacobians are averaged (the rest are test facts)
@@ -86,7 +89,7 @@ class LreConfig(DictConfig):
 
 
 def default_layer(n_layers: int) -> int:
-    return n_layers // 3
+    return n_layers // 2
 
 
 def jacobian(lm: LoadedModel, tokens: list[int], pos: int, layer: int, chunk: int = 96
@@ -180,28 +183,35 @@ def decode_top(lm: LoadedModel, o: torch.Tensor) -> torch.Tensor:
         return lm.bridge.unembed(lm.bridge.ln_final(x))[:, 0].argmax(-1).cpu()
 
 
-def patched_predictions(lm: LoadedModel, prompts: list, idx: list[int], layer: int, delta: torch.Tensor,
-                        batch_size: int = 16) -> torch.Tensor:
-    """Greedy next token of prompts ``idx`` with ``delta[k]`` added to the subject state at ``layer``."""
-    name = hook_name("resid_post", layer)
+def probe_set(lm: LoadedModel, prompts: list, idx: list[int], object_tokens) -> "ProbeSet":
+    """The prompts ``idx`` as a :class:`mechfact.probes.queries.ProbeSet` (right-padded; causal, so exact)."""
+    from ..probes.queries import ProbeSet
+    from .extract import pad_batch
+
+    toks, _, _, _ = pad_batch([prompts[i].tokens for i in idx], lm.pad_id, "right")
+    n = len(idx)
+    z = torch.zeros(n, dtype=torch.long)
+    return ProbeSet(tokens=toks, subjects=torch.tensor(idx), relations=z, objects=torch.tensor(idx),
+                    object_tokens=torch.as_tensor(object_tokens, dtype=torch.long),
+                    subject_pos=torch.tensor([prompts[i].subject_last for i in idx]),
+                    answer_pos=torch.tensor([len(prompts[i].tokens) - 1 for i in idx]))
+
+
+def patched_predictions(lm: LoadedModel, prompts: list, idx: list[int], layer: int, new_states: torch.Tensor
+                        ) -> torch.Tensor:
+    """Greedy next token of prompts ``idx`` with the subject state at ``layer`` set to ``new_states[k]``.
+
+    Uses the shared patching engine (:func:`mechfact.probes.patching.run_with_interventions`, kind ``set``
+    at the subject position), one prompt at a time since each gets its own vector.
+    """
+    from ..probes.patching import Intervention, run_with_interventions
+
+    ps = probe_set(lm, prompts, idx, torch.zeros(len(idx)))
     out = torch.empty(len(idx), dtype=torch.long)
-    for c in range(0, len(idx), batch_size):
-        sel = idx[c:c + batch_size]
-        seqs = [prompts[i].tokens for i in sel]
-        pos = torch.tensor([prompts[i].subject_last for i in sel])
-        dl = delta[c:c + batch_size].to(lm.device, lm.dtype)
-
-        def edit(act, hook):
-            act = act.clone()
-            act[torch.arange(len(sel)), pos] += dl
-            return act
-
-        from .extract import pad_batch
-        toks, _, _, _ = pad_batch(seqs, lm.pad_id, "right")
-        with torch.no_grad():
-            logits = lm.bridge.run_with_hooks(toks.to(lm.device), fwd_hooks=[(name, edit)])
-        last = torch.tensor([len(s) - 1 for s in seqs])
-        out[c:c + len(sel)] = logits[torch.arange(len(sel)), last].argmax(-1).cpu()
+    for k in range(len(idx)):
+        iv = Intervention(site=hook_name("resid_post", layer), kind="set", position="subject",
+                          values=new_states[k].tolist())
+        out[k] = run_with_interventions(lm.bridge, ps.subset([k]), [iv]).argmax(-1)[0]
     return out
 
 
@@ -227,6 +237,10 @@ def evaluate_relation(lm: LoadedModel, rel, cfg: LreConfig, layer: int, seed: in
     target = rs.next_token.clone()
     top = decode_top(lm, lre(S[test]))
     faith = float((top == target[test]).float().mean())
+    by_beta = {}  # faithfulness is cheap to rescore at other beta (J and b do not depend on it)
+    for bt in BETA_SWEEP:
+        lb = LRE(J=lre.J, b=lre.b, beta=bt)
+        by_beta[str(bt)] = float((decode_top(lm, lb(S[test])) == target[test]).float().mean())
     # causality: move fact i towards the object of another known fact j with a different first token
     W_pinv = lre.pinv(cfg.rank)
     pool = known.tolist()
@@ -240,10 +254,10 @@ def evaluate_relation(lm: LoadedModel, rel, cfg: LreConfig, layer: int, seed: in
         ti = [test[k] for k in ok]
         tj = [tgt[k] for k in ok]
         delta = (lre(S[tj]) - lre(S[ti])) @ W_pinv.T
-        pred = patched_predictions(lm, rs.prompts, ti, layer, delta, cfg.batch_size)
+        pred = patched_predictions(lm, rs.prompts, ti, layer, S[ti] + delta)
         caus = float((pred == target[tj]).float().mean())
     row.update(n_train=len(train), n_test=len(test), n_causality=len(ok), faithfulness=faith, causality=caus,
-               train_subjects=[rel.subjects[i] for i in train])
+               faithfulness_by_beta=by_beta, train_subjects=[rel.subjects[i] for i in train])
     return row
 
 

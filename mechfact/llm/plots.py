@@ -15,7 +15,8 @@ def plot_readout(result: dict, path) -> None:
     n = max(1, len(rels))
     cols = min(4, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.6 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.8 * rows), squeeze=False, sharey=True,
+                             layout="constrained")
     for ax, rel in zip(axes.flat, rels):
         pts = sorted((p for p in result["per_layer"] if p["relation"] == rel["relation"]), key=lambda p: p["layer"])
         x = [p["layer"] for p in pts]

@@ -235,3 +235,12 @@ def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | s
     plots.plot_known(result, run.file("fig_known.png"))
     run.write_meta(model=lm.name, model_id=lm.model_id)
     return result
+
+
+QUICK_RELATIONS = ["animal_class", "city_country", "country_continent", "country_capital"]
+
+
+def quick_probe_config(**over) -> ProbeConfig:
+    """A small probe for the quickstart: 4 relations, 7 layers, 32 samples each, one split."""
+    base = dict(relation_names=list(QUICK_RELATIONS), layers=[0, 5, 10, 15, 20, 25, 29], max_samples=32, n_splits=1)
+    return ProbeConfig(**{**base, **over})

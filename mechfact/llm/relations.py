@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 KINDS = ("many_to_one", "one_to_one")
@@ -37,7 +36,7 @@ class Relation:
 
 def shipped_relations_dir() -> Path:
     """The dataset shipped with mechfact."""
-    return Path(str(resources.files("mechfact") / "data" / "relations"))
+    return Path(__file__).resolve().parent.parent / "data" / "relations"
 
 
 def parse_relation(data: object, source: str) -> Relation:

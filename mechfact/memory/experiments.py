@@ -78,10 +78,7 @@ def _finish(run: RunDir, result: dict, plot: str, fig: str, **meta) -> dict:
     """Write result.json, draw the figure from it, then meta.json."""
     from . import plots
 
-    run.write_result(result)
-    getattr(plots, plot)(result, run.file(fig))
-    run.write_meta(**meta)
-    return result
+    return run.finish(result, getattr(plots, plot), fig, **meta)
 
 
 # ---- accuracy sweep --------------------------------------------------------------------

@@ -224,6 +224,7 @@ def summary(res: dict) -> dict:
         "n_ablated": [r["n_ablated"] for r in pr],
         "relation_swap_moved": [s["moved_to_new"] for s in iv["relation_swaps"]],
         "zero_shot_accuracy": sw["zero_shot_accuracy"], "zero_shot_control_accuracy": sw["zero_shot_control_accuracy"],
+        "reconstructed_accuracy": sw["reconstructed_accuracy"],
         "retrained_accuracy": sw["retrained_accuracy"], "control_relearn_accuracy": sw["control_relearn_accuracy"],
     }
 
@@ -248,7 +249,8 @@ def quick(n_entities: int = 128, n_relations: int = 4, *, model: str = "construc
         from .regimes import REGIMES
 
         m = REGIMES["geometric"].build(n_entities, n_relations, seed=seed)
-        train_fact_model(m, world, REGIMES["geometric"].fit, freeze=REGIMES["geometric"].freeze)
+        reg = REGIMES["geometric"]
+        train_fact_model(m, world, reg.fit, freeze=reg.freeze, l2_only=reg.l2_only)
     else:
         raise ValueError(f"model={model!r}: allowed construct, trained")
     res = probe_all(m, world, seed=seed, swap=SwapConfig(retrain=FitConfig(lr=3e-2, steps=retrain_steps,

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class FitConfig(DictConfig):
-    lr: float = 1e-2  # Adam learning rate
+    lr: float = 1e-2  # learning rate
+    optimizer: str = "adam"  # adam | sgd (heavy-ball momentum 0.9; updates stay linear in the gradients)
     steps: int = 2000  # optimisation steps (full batch unless batch_size)
     l2: float = 0.0  # coupled L2 penalty on the trained tensors (in the loss)
     decoupled_wd: float = 0.0  # AdamW decoupled weight decay (alternative to l2)
@@ -38,6 +39,8 @@ class FitConfig(DictConfig):
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer={self.optimizer!r}: allowed adam, sgd")
         if not self.lr > 0 or self.steps < 0 or self.l2 < 0 or self.decoupled_wd < 0 or self.eval_every < 1:
             raise ValueError(f"bad FitConfig {self.to_dict()}: need lr > 0, steps >= 0, l2 >= 0, "
                              "decoupled_wd >= 0, eval_every >= 1")
@@ -48,15 +51,21 @@ def answer_loss(logits: torch.Tensor, answer_pos: torch.Tensor, targets: torch.T
     return F.cross_entropy(logits[rows, answer_pos], targets)
 
 
-def fit(params: list[torch.Tensor], forward, answer_pos, targets, cfg: FitConfig) -> list[dict]:
+def fit(params: list[torch.Tensor], forward, answer_pos, targets, cfg: FitConfig,
+        l2_params: list[torch.Tensor] | None = None) -> list[dict]:
     """Minimise cross-entropy at the answer positions over ``params`` only.
 
     ``forward(idx) -> logits`` (batch, pos, vocab) of the queries ``idx`` (a
     slice or index tensor). Returns the history ``[{"step", "loss",
-    "accuracy"}]`` (accuracy on the full training set).
+    "accuracy"}]`` (accuracy on the full training set). ``cfg.l2`` applies to
+    ``l2_params`` (default: all of ``params``).
     """
-    opt = (torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.decoupled_wd) if cfg.decoupled_wd
-           else torch.optim.Adam(params, lr=cfg.lr))
+    l2_params = params if l2_params is None else l2_params
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.decoupled_wd)
+    else:
+        opt = (torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.decoupled_wd) if cfg.decoupled_wd
+               else torch.optim.Adam(params, lr=cfg.lr))
     g = generator(cfg.seed, "probes.fit.batch")
     n = targets.shape[0]
     history: list[dict] = []
@@ -74,7 +83,7 @@ def fit(params: list[torch.Tensor], forward, answer_pos, targets, cfg: FitConfig
             torch.randint(n, (cfg.batch_size,), generator=g)
         opt.zero_grad(set_to_none=True)
         loss = answer_loss(logits_of(forward(idx)), answer_pos[idx], targets[idx])
-        total = loss + 0.5 * cfg.l2 * sum((p * p).sum() for p in params) if cfg.l2 else loss
+        total = loss + 0.5 * cfg.l2 * sum((p * p).sum() for p in l2_params) if cfg.l2 else loss
         total.backward()
         opt.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -84,13 +93,15 @@ def fit(params: list[torch.Tensor], forward, answer_pos, targets, cfg: FitConfig
     return history
 
 
-def train_fact_model(model, world, cfg: FitConfig, device="cpu", freeze: tuple[str, ...] = ()) -> list[dict]:
+def train_fact_model(model, world, cfg: FitConfig, device="cpu", freeze: tuple[str, ...] = (),
+                     l2_only: tuple[str, ...] = ()) -> list[dict]:
     """Train every trainable tensor of a one-layer FactModel on all single-hop facts of ``world``.
 
     The forward computes logits at the answer position only (half the work of
     ``model(tokens)``); ``cfg.l2`` is the coupled L2 penalty of the geometric
     regime (docs/results_probes.md); ``freeze`` names parameters kept at their
-    current values (e.g. ``("W_U_ent",)``: a fixed random unembedding).
+    current values (e.g. ``("W_U_ent",)``: a fixed random unembedding);
+    ``l2_only`` restricts the L2 penalty to the named parameters (default: all trained).
     """
     from torch.nn.functional import embedding
 
@@ -107,10 +118,11 @@ def train_fact_model(model, world, cfg: FitConfig, device="cpu", freeze: tuple[s
         return model.ln_final(x[:, -1:]) @ model.W_U
 
     names = {n for n, _ in model.named_parameters()}
-    unknown = set(freeze) - names
+    unknown = (set(freeze) | set(l2_only)) - names
     if unknown:
-        raise ValueError(f"freeze: unknown parameters {sorted(unknown)}; the model has {sorted(names)}")
-    hist = fit([p for n, p in model.named_parameters() if p.requires_grad and n not in freeze], forward,
-               torch.zeros(len(q), dtype=torch.long, device=device), targets, cfg)
+        raise ValueError(f"freeze / l2_only: unknown parameters {sorted(unknown)}; the model has {sorted(names)}")
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n not in freeze]
+    hist = fit([p for _, p in trained], forward, torch.zeros(len(q), dtype=torch.long, device=device), targets, cfg,
+               l2_params=[p for n, p in trained if n in l2_only] if l2_only else None)
     model.eval()
     return hist

@@ -71,7 +71,7 @@ def _positions(ps: ProbeSet, where: str) -> torch.Tensor | None:
 
 def _select(act: torch.Tensor, pos: torch.Tensor | None, units) -> tuple:
     rows = torch.arange(act.shape[0], device=act.device)
-    u = slice(None) if units is None else torch.as_tensor(units, device=act.device)
+    u = slice(None) if units is None else torch.as_tensor(units, dtype=torch.long, device=act.device)
     if pos is None:
         return (slice(None), slice(None), u)
     return (rows, pos.to(act.device), u) if units is None else (rows[:, None], pos.to(act.device)[:, None], u[None])
@@ -118,7 +118,7 @@ def run_with_interventions(model, ps: ProbeSet, interventions: list[Intervention
                 c = clean[iv.site]
                 p = pos if pos is not None else None
                 mean = (c[torch.arange(c.shape[0]), p.to(c.device)] if p is not None else c.reshape(-1, c.shape[-1])).mean(0)
-                act[idx] = (mean if iv.units is None else mean[torch.as_tensor(iv.units)]).to(act.dtype)
+                act[idx] = (mean if iv.units is None else mean[torch.as_tensor(iv.units, dtype=torch.long)]).to(act.dtype)
             else:  # patch: same rows and positions (source positions of the same kind)
                 s = src[iv.site]
                 spos = _positions(source, iv.position)

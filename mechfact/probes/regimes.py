@@ -28,6 +28,7 @@ class Regime:
     mlp_width: int = 64
     fit: FitConfig = field(default_factory=FitConfig)
     freeze: tuple[str, ...] = ()  # parameter names kept at their initialisation
+    l2_only: tuple[str, ...] = ()  # the coupled L2 applies to these parameters only (default: all trained)
     model: dict = field(default_factory=dict)  # extra FactModelConfig fields (attention, tied, layer_norm, ...)
 
     def build(self, n_entities: int, n_relations: int, seed: int = 0) -> FactModel:
@@ -42,5 +43,11 @@ REGIMES: dict[str, Regime] = {
     "plain": Regime(64, 64, FitConfig(lr=1e-2, steps=3000, target_accuracy=1.0, eval_every=25)),
     "plain-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=3000, target_accuracy=1.0, eval_every=25)),
     "l2": Regime(64, 64, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500)),
+    "l2-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500)),
+    "emb-l2-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500),
+                          l2_only=("W_E_ent", "W_U_ent")),
+    "emb-l2-wide-fixedU": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500),
+                                 ("W_U_ent",), ("W_E_ent",)),
+    "tied-l2-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500), model={"tied": True}),
     "geometric": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500), ("W_U_ent",)),
 }

@@ -79,6 +79,7 @@ def _retrain(model, ps: ProbeSet, init: torch.Tensor, cfg: FitConfig) -> list[di
 class SwapResult:
     zero_shot_accuracy: float  # new facts, embeddings built from the fitted maps, nothing trained
     zero_shot_control_accuracy: float  # embeddings built for an unrelated world, scored on the new facts
+    reconstructed_accuracy: float  # ORIGINAL facts with embeddings rebuilt from the fitted maps (fit precision)
     retrained_accuracy: float  # new facts, subject embeddings retrained, everything else frozen
     control_relearn_accuracy: float  # original facts relearned the same way
     original_accuracy: float  # the model on its own facts
@@ -108,6 +109,7 @@ def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: FitC
     ps_new, ps_old = from_world(new), from_world(world)
     dev = model_device(model)
     zero = accuracy(model, ps_new, [embedding_hook(sfit.build(V, new.perms).to(dev), ps_new)])
+    recon = accuracy(model, ps_old, [embedding_hook(sfit.build(V, world.perms).to(dev), ps_old)])
     zero_ctrl = accuracy(model, ps_new, [embedding_hook(sfit.build(V, other.perms).to(dev), ps_new)])
     g = torch.Generator().manual_seed(seed)
     rms = float(X.pow(2).mean().sqrt())
@@ -115,6 +117,7 @@ def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: FitC
     curve = _retrain(model, ps_new, init, retrain)
     ctrl_curve = _retrain(model, ps_old, init, retrain)
     return SwapResult(zero_shot_accuracy=zero, zero_shot_control_accuracy=zero_ctrl,
+                      reconstructed_accuracy=recon,
                       retrained_accuracy=curve[-1]["accuracy"], control_relearn_accuracy=ctrl_curve[-1]["accuracy"],
                       original_accuracy=accuracy(model, ps_old), chance=1.0 / N, retrain_curve=curve,
                       control_relearn_curve=ctrl_curve, retrain=retrain.to_dict(), new_world_seed=new_seed)

@@ -1,0 +1,109 @@
+"""Reproduce the paper-B training-side results in docs/results_facts.md.
+
+    python -m synthetic.facts_study --out runs/facts [--part NAME ...]   # run (resumes)
+    python -m synthetic.facts_study --out runs/facts --summarize         # markdown tables + combined figure
+
+Every part is one ``mechfact facts ...`` command (listed in PARTS, exactly as
+run for the note); each writes a standard run directory under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+GRID = "3 4 5 6 7 8 10 12 14 16 20 24 28 32 40 48 64".split()
+COS = ["--lr", "3e-2", "--schedule", "warmup-cosine", "--patience", "0"]
+CONST = ["--lr", "1e-2", "--patience", "0"]
+
+PARTS: dict[str, list[str]] = {
+    # d* against R ln N, trainable embeddings, MLP width 64 (the first attempt's m), improved schedule
+    "N256_cos_2k": ["capacity", "--subjects", "256", "--relations", "2", "4", "8", "--grid", *GRID, "--steps", "2000",
+                    *COS, "--seeds", "2"],
+    "N256_R2_low": ["capacity", "--subjects", "256", "--relations", "2", "--grid", "1", "2", "3", "--steps", "2000",
+                    *COS, "--seeds", "2"],
+    "N1024_cos_2k": ["capacity", "--subjects", "1024", "--relations", "2", "4", "8", "--grid", *GRID, "--steps", "2000",
+                     *COS],
+    # the first attempt's protocol (constant lr 1e-2) at two step budgets: is the N-dependence optimisation?
+    "N256_R4_const_2k": ["capacity", "--subjects", "256", "--relations", "4", "--grid", *GRID, "--steps", "2000",
+                         *CONST, "--seeds", "2"],
+    "N256_R4_const_8k": ["capacity", "--subjects", "256", "--relations", "4", "--grid", *GRID, "--steps", "8000",
+                         *CONST, "--seeds", "2"],
+    "N1024_R4_const_2k": ["capacity", "--subjects", "1024", "--relations", "4", "--grid", *GRID, "--steps", "2000",
+                          *CONST],
+    # a small MLP (width 16) at N = 64: d* against R
+    "N64_m16": ["capacity", "--subjects", "64", "--relations", "1", "2", "4", "8", "--grid", "1", "2", "3", "4", "5",
+                "6", "8", "10", "12", "16", "24", "32", "--mlp-width", "16", "--steps", "800", *COS],
+    # frozen vs trainable: MLP width needed at d = 16 against the number of facts
+    "width_d16": ["capacity", "--subjects", "64", "128", "--relations", "1", "2", "4", "--embeddings", "trainable",
+                  "frozen", "frozen-input", "--search", "mlp-width", "--d", "16", "--grid", "2", "4", "8", "16", "32",
+                  "64", "128", "256", "512", "1024", "--steps", "2000", *COS],
+    # multi-hop, direct vs chain of thought (defaults: N=32, R=4, d=16, width 32, learned attention)
+    **{f"multihop_seed{s}": ["multihop", "--seed", str(s)] for s in range(3)},
+}
+
+
+def run(out: Path, parts: list[str]) -> None:
+    from mechfact.cli import main
+
+    for name in parts:
+        argv = ["facts", *PARTS[name], "--out", str(out / name), "--threads", "1", "--quiet"]
+        print("mechfact", " ".join(argv), flush=True)
+        if main(argv) != 0:
+            raise SystemExit(f"part {name} failed")
+
+
+def summarize(out: Path) -> None:
+    rows = []
+    for name in PARTS:
+        f = out / name / "result.json"
+        if not f.exists() or not PARTS[name][0] == "capacity":
+            continue
+        res = json.loads(f.read_text())
+        for t in res["summary"]["table"]:
+            rows.append((name, t))
+    print("| run | regime | N | R | R ln N | N R | thresholds (per seed) |\n|---|---|---|---|---|---|---|")
+    for name, t in rows:
+        print(f"| {name} | {t['embeddings']} | {t['subjects']} | {t['relations']} | {t['r_log_n']:.1f} | "
+              f"{t['n_facts']} | {t['thresholds']} |")
+    for name in PARTS:
+        f = out / name / "result.json"
+        if f.exists() and PARTS[name][0] == "multihop":
+            res = json.loads(f.read_text())
+            print(name, {f"k={p['hops']} {p['mode']}": round(p["accuracy"], 4) for p in res["points"]})
+    _figure(out, rows)
+
+
+def _figure(out: Path, rows) -> None:
+    from mechfact.plotting import plt, save
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for name, marker in (("N256_cos_2k", "o"), ("N1024_cos_2k", "s"), ("N64_m16", "^")):
+        pts = [(t["r_log_n"], t["median_threshold"], t["relations"]) for n, t in rows
+               if n == name and t["median_threshold"] is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, ls="-", label=name)
+    ax.set_xlabel(r"$R \ln N$")
+    ax.set_ylabel("d* (smallest d reaching 99%)")
+    ax.set_title("Trainable embeddings: memorisation threshold")
+    ax.legend(fontsize=8)
+    save(fig, out / "fig_dstar_all.png")
+    print("figure:", out / "fig_dstar_all.png", "| ln(1024)/ln(256) =", round(math.log(1024) / math.log(256), 3))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("runs/facts"))
+    ap.add_argument("--part", nargs="+", choices=sorted(PARTS), default=None, help="default: all parts")
+    ap.add_argument("--summarize", action="store_true")
+    a = ap.parse_args()
+    if a.summarize:
+        summarize(a.out)
+    else:
+        run(a.out, a.part or list(PARTS))
+
+
+if __name__ == "__main__":
+    main()
