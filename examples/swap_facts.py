@@ -20,7 +20,7 @@ from mechfact.probes.swap import freeze_and_swap
 torch.set_num_threads(1)
 world = FactWorld(256, 4, seed=0)
 model = build_single_hop(world, block_size=24)  # or: model, world = load_fact_run("runs/my_trained_model")
-res = freeze_and_swap(model, world, new_seed=1, retrain=FitConfig(lr=3e-2, steps=60, eval_every=20))
+res = freeze_and_swap(model, world, new_seed=1, retrain=FitConfig(lr=3e-2, steps=30, eval_every=10))
 print(f"original facts accuracy      {res.original_accuracy:.3f}")
 print(f"new facts, zero-shot         {res.zero_shot_accuracy:.3f}   (embeddings built for another world: "
       f"{res.zero_shot_control_accuracy:.3f}, chance {res.chance:.4f})")

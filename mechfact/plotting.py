@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -15,14 +14,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 def save(fig, path: str | os.PathLike) -> Path:
     """Save a figure atomically as PNG and close it."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
+    from .runs import atomic_path
+
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         plt.close(fig)
     return path
 

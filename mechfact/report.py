@@ -6,7 +6,6 @@ import base64
 import html
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,9 +60,9 @@ def render(title: str, sections: list[Section], meta: dict, path: str | os.PathL
             parts.append(f"<details><summary>config</summary><pre>{html.escape(json.dumps(s.config, indent=2))}</pre></details>")
         parts.append("</section>")
     parts.append(f"<section><h2>Environment</h2><pre>{html.escape(json.dumps(meta, indent=2))}</pre></section></body></html>")
+    from .runs import atomic_path
+
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".report.", suffix=".html")
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(parts))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(parts))
     return path

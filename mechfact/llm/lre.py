@@ -100,7 +100,7 @@ def jacobian(lm: LoadedModel, tokens: list[int], pos: int, layer: int, chunk: in
     d = lm.d_model
     dev = lm.device
     toks = torch.tensor([tokens], device=dev)
-    for p in b.parameters():
+    for p in b.parameters():  # gradients w.r.t. s only (the model is used for inference throughout)
         p.requires_grad_(False)
     pkv = None
     if pos > 0:  # prefix before the subject's last token: once, batch 1
@@ -117,7 +117,7 @@ def jacobian(lm: LoadedModel, tokens: list[int], pos: int, layer: int, chunk: in
         got["o"] = act[:, -1]
         raise _Stop
 
-    try:  # s and o at the unedited point
+    try:  # s at the unedited point (o comes with the first chunk, whose copies all hold s)
         with torch.no_grad():
             b.run_with_hooks(suffix, past_key_values=copy.deepcopy(pkv), fwd_hooks=[(name_s, take_s)])
     except _Stop:
@@ -183,7 +183,7 @@ def decode_top(lm: LoadedModel, o: torch.Tensor) -> torch.Tensor:
         return lm.bridge.unembed(lm.bridge.ln_final(x))[:, 0].argmax(-1).cpu()
 
 
-def probe_set(lm: LoadedModel, prompts: list, idx: list[int], object_tokens) -> "ProbeSet":
+def probe_set(lm: LoadedModel, prompts: list, idx: list[int], object_tokens):
     """The prompts ``idx`` as a :class:`mechfact.probes.queries.ProbeSet` (right-padded; causal, so exact)."""
     from ..probes.queries import ProbeSet
     from .extract import pad_batch
@@ -237,6 +237,8 @@ def evaluate_relation(lm: LoadedModel, rel, cfg: LreConfig, layer: int, seed: in
     target = rs.next_token.clone()
     top = decode_top(lm, lre(S[test]))
     faith = float((top == target[test]).float().mean())
+    # baseline: the bias alone (one constant prediction for every subject)
+    bias_only = float((decode_top(lm, lre.b[None]).expand(len(test)) == target[test]).float().mean())
     by_beta = {}  # faithfulness is cheap to rescore at other beta (J and b do not depend on it)
     for bt in BETA_SWEEP:
         lb = LRE(J=lre.J, b=lre.b, beta=bt)
@@ -257,7 +259,7 @@ def evaluate_relation(lm: LoadedModel, rel, cfg: LreConfig, layer: int, seed: in
         pred = patched_predictions(lm, rs.prompts, ti, layer, S[ti] + delta)
         caus = float((pred == target[tj]).float().mean())
     row.update(n_train=len(train), n_test=len(test), n_causality=len(ok), faithfulness=faith, causality=caus,
-               faithfulness_by_beta=by_beta, train_subjects=[rel.subjects[i] for i in train])
+               faithfulness_bias_only=bias_only, faithfulness_by_beta=by_beta, train_subjects=[rel.subjects[i] for i in train])
     return row
 
 

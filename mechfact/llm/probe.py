@@ -46,7 +46,7 @@ class ProbeConfig(DictConfig):
     position: str = "subject_last"  # subject_last | subject_first | last
     k_shot: int = 3  # in-context examples (other subjects of the relation) before each query
     template: int = 0  # which prompt template of each relation
-    max_samples: int | None = None  # first N samples per relation (None = all)
+    max_samples: int | None = None  # N evenly spaced samples per relation (None = all)
     known_tokens: int = 1  # a fact is known when the greedy next tokens match the object's first N tokens
     readout_on: str = "all"  # all | known: which facts the readout is fitted/scored on
     heldout_fraction: float = 0.25  # held-out subjects per split
@@ -88,11 +88,13 @@ class ProbeConfig(DictConfig):
 
 
 def subset(rel: Relation, max_samples: int | None) -> Relation:
+    """``max_samples`` evenly spaced samples (files are often grouped by object; this keeps the object mix)."""
     if max_samples is None or max_samples >= len(rel):
         return rel
     from dataclasses import replace
 
-    return replace(rel, subjects=rel.subjects[:max_samples], objects=rel.objects[:max_samples])
+    keep = sorted({int(i) for i in np.linspace(0, len(rel) - 1, max_samples).round()})
+    return replace(rel, subjects=tuple(rel.subjects[i] for i in keep), objects=tuple(rel.objects[i] for i in keep))
 
 
 @dataclass

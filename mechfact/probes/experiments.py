@@ -84,6 +84,8 @@ def load_model(spec: str | os.PathLike, device: str | torch.device = "cpu"):
         model, world = load_fact_run(p, device=device)
         model.eval()
         return model, world, from_world(world)
+    if str(spec).startswith(("/", ".", "~")) or str(spec).endswith(os.sep):
+        raise ValueError(f"--model {spec}: no such run directory")
     try:
         from ..llm import loading  # type: ignore[attr-defined]
     except ImportError:
@@ -214,6 +216,7 @@ def summary(res: dict) -> dict:
     pr = iv["per_relation"]
     return {
         "r2_train": sp["r2_train"], "r2_heldout": sp["r2_heldout"], "control_r2_heldout": sp["control_r2_heldout"],
+        "attribute_coadaptation_r2": sp["attribute_coadaptation_r2"],
         "block_overlap_offdiag": float(np.mean([sp["block_overlap"][a][b] for a in range(len(sp["block_overlap"]))
                                                for b in range(len(sp["block_overlap"])) if a != b])),
         "readout_embed_min": min(emb), "readout_embed_mean": float(np.mean(emb)),
@@ -234,9 +237,9 @@ def quick(n_entities: int = 128, n_relations: int = 4, *, model: str = "construc
     """A fast small version for the quickstart: build (or train) a model, run every probe once, return numbers.
 
     ``model="construct"``: the explicit construction (block size 24; a few
-    seconds). ``model="trained"``: a d = 128, m = 256 model trained in the
-    geometric regime of docs/results_probes.md (coupled L2, fixed random
-    unembedding; about a minute at N = 128 on one CPU thread).
+    seconds). ``model="trained"``: a d = 32, m = 32 model trained in the L2
+    regime of docs/results_probes.md (coupled L2 1e-3, 1500 full-batch Adam
+    steps; 20-50 s at N = 128 on one CPU thread).
     Returns :func:`summary` of :func:`probe_all` plus ``model`` and ``train_accuracy``.
     """
     from ..facts import FactModel, FactModelConfig, FactWorld, build_single_hop, evaluate
@@ -246,11 +249,9 @@ def quick(n_entities: int = 128, n_relations: int = 4, *, model: str = "construc
         m = build_single_hop(world, 24, seed=seed)
     elif model == "trained":
         from .fit import train_fact_model
-        from .regimes import REGIMES
 
-        m = REGIMES["geometric"].build(n_entities, n_relations, seed=seed)
-        reg = REGIMES["geometric"]
-        train_fact_model(m, world, reg.fit, freeze=reg.freeze, l2_only=reg.l2_only)
+        m = FactModel(FactModelConfig(n_entities, n_relations, d=32, mlp_width=32, seed=seed))
+        train_fact_model(m, world, FitConfig(lr=1e-2, steps=1500, l2=1e-3, eval_every=500))
     else:
         raise ValueError(f"model={model!r}: allowed construct, trained")
     res = probe_all(m, world, seed=seed, swap=SwapConfig(retrain=FitConfig(lr=3e-2, steps=retrain_steps,

@@ -4,14 +4,17 @@ A regime is the model shape plus how it is trained (:class:`~mechfact.probes.fit
 plus which tensors stay at their random initialisation. The numbers behind
 each choice are in docs/results_probes.md (``probes/regimes.py`` reproduces them).
 
-* ``plain``     -- the first independent attempt's setting: d = 64, m = 64,
+* ``plain``          -- the first independent attempt's setting: d = 64, m = 64,
   Adam lr 1e-2, no regularisation, stopped at 100% train accuracy.
-* ``plain-wide``-- the same at d = 128, m = 256 (above the construction's
-  d = R b + R = 100 for N = 512).
-* ``l2``        -- d = 64, m = 64, coupled L2 (1e-3), 4000 steps past 100%.
-* ``geometric`` -- d = 128, m = 256, coupled L2 (1e-3) on every trained tensor,
-  4000 full-batch steps, the unembedding kept at its random N(0, I/d) init
-  (attribute vectors cannot co-adapt with the facts).
+* ``plain-wide``     -- the same at d = 128, m = 256 (above the construction's
+  d = R b + R = 128 for N = 512, b = 31).
+* ``l2``             -- d = 64, m = 64, coupled L2 (1e-3) on every trained
+  tensor, 4000 full-batch steps (far past 100%): the regime in which the
+  embeddings become superpositions (held-out R^2 0.94).
+* ``l2-wide``        -- the same at d = 128, m = 256.
+* ``emb-l2-wide``    -- L2 on the entity tables only (embedding, unembedding).
+* ``tied-l2-wide``   -- ``l2-wide`` with the unembedding tied to the embedding.
+* ``l2-wide-fixedU`` -- ``l2-wide`` with the unembedding kept at its random init.
 """
 
 from __future__ import annotations
@@ -49,5 +52,5 @@ REGIMES: dict[str, Regime] = {
     "emb-l2-wide-fixedU": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500),
                                  ("W_U_ent",), ("W_E_ent",)),
     "tied-l2-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500), model={"tied": True}),
-    "geometric": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500), ("W_U_ent",)),
+    "l2-wide-fixedU": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500), ("W_U_ent",)),
 }
