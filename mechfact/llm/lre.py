@@ -36,8 +36,8 @@ from ..config import DictConfig
 from ..runs import RunDir, read_json
 from ..seeding import derive_seed
 from .extract import hook_name
-from .loading import DTYPES, LoadedModel, load_model
-from .probe import relation_states, subset
+from .loading import LoadedModel, load_model
+from .probe import check_prompt_options, relation_states, subset
 from .relations import load_relations
 
 logger = logging.getLogger(__name__)
@@ -76,16 +76,11 @@ class LreConfig(DictConfig):
             raise ValueError(f"--rank {self.rank}: must be >= 1")
         if self.n_train < 1:
             raise ValueError(f"--n-train {self.n_train}: must be >= 1")
-        if self.k_shot < 0:
-            raise ValueError(f"--k-shot {self.k_shot}: must be >= 0")
-        if self.max_samples is not None and self.max_samples < 4:
-            raise ValueError(f"--max-samples {self.max_samples}: need at least 4")
         if self.facts not in ("known", "all"):
             raise ValueError(f"--facts {self.facts}: allowed values are known, all")
         if self.chunk < 1:
             raise ValueError(f"--chunk {self.chunk}: must be >= 1")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype {self.dtype}: allowed values are {', '.join(DTYPES)}")
+        check_prompt_options(self)
 
 
 def default_layer(n_layers: int) -> int:

@@ -63,12 +63,9 @@ class ProbeConfig(DictConfig):
             raise ValueError(f"--site {self.site}: allowed values are {', '.join(SITES)}")
         if self.position not in POSITIONS:
             raise ValueError(f"--position {self.position}: allowed values are {', '.join(POSITIONS)}")
-        if self.k_shot < 0:
-            raise ValueError(f"--k-shot {self.k_shot}: must be >= 0")
+        check_prompt_options(self)
         if self.template < 0:
             raise ValueError(f"--template {self.template}: must be >= 0")
-        if self.max_samples is not None and self.max_samples < 4:
-            raise ValueError(f"--max-samples {self.max_samples}: need at least 4")
         if self.known_tokens < 1:
             raise ValueError(f"--known-tokens {self.known_tokens}: must be >= 1")
         if self.readout_on not in ("all", "known"):
@@ -77,14 +74,22 @@ class ProbeConfig(DictConfig):
             raise ValueError(f"--heldout-fraction {self.heldout_fraction}: must lie in (0, 1)")
         if self.n_splits < 1:
             raise ValueError(f"--splits {self.n_splits}: must be >= 1")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype {self.dtype}: allowed values are {', '.join(DTYPES)}")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size {self.batch_size}: must be >= 1")
         if self.padding not in PADDING:
             raise ValueError(f"--padding {self.padding}: allowed values are {', '.join(PADDING)}")
         if self.layers is not None and not self.layers:
             raise ValueError("--layers: give at least one layer, or all")
+
+
+def check_prompt_options(cfg) -> None:
+    """The checks shared by every LLM config: ``k_shot``, ``max_samples``, ``dtype``."""
+    if cfg.k_shot < 0:
+        raise ValueError(f"--k-shot {cfg.k_shot}: must be >= 0")
+    if cfg.max_samples is not None and cfg.max_samples < 4:
+        raise ValueError(f"--max-samples {cfg.max_samples}: need at least 4")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"--dtype {cfg.dtype}: allowed values are {', '.join(DTYPES)}")
 
 
 def subset(rel: Relation, max_samples: int | None) -> Relation:
