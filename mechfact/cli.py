@@ -163,6 +163,22 @@ def _run_quickstart(a) -> None:
 COMMANDS: dict[str, Callable] = {"memory": _run_memory, "quickstart": _run_quickstart}
 
 
+def _silence_progress() -> None:
+    """--quiet: no progress bars anywhere in this process or its children.
+
+    tqdm reads TQDM_DISABLE once, when it is imported, and torch has imported it
+    by the time the arguments are parsed; so the default of the class itself is
+    switched off too (an explicit ``disable=`` still wins).
+    """
+    import functools
+    import os
+
+    import tqdm
+
+    os.environ["TQDM_DISABLE"] = "1"
+    tqdm.std.tqdm.__init__ = functools.partialmethod(tqdm.std.tqdm.__init__, disable=True)
+
+
 def _plugins() -> list[Callable]:
     """``register(subparsers) -> {command: handler}`` of each subpackage that adds commands.
 
@@ -201,8 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"--threads {args.threads}: must be at least 1")
             torch.set_num_threads(args.threads)
         if args.quiet:
-            import os
-            os.environ["TQDM_DISABLE"] = "1"
+            _silence_progress()
         args.device_obj = resolve_device(args.device)
         check_writable(args.out)
         COMMANDS[args.command](args)
