@@ -26,6 +26,12 @@ PARTS: dict[str, list[str]] = {
                     *COS, "--seeds", "2"],
     **{f"N1024_R{R}_cos_2k": ["capacity", "--subjects", "1024", "--relations", str(R), "--grid", *GRID,
                               "--steps", "2000", *COS] for R in (2, 4, 8)},
+    # N = 4096 (the paper's N), same protocol; affordable on CPU since the loss is computed in chunks
+    **{f"N4096_R{R}_cos_2k": ["capacity", "--subjects", "4096", "--relations", str(R), "--grid", *GRID,
+                              "--steps", "2000", *COS] for R in (2, 4, 8)},
+    # a second seed at N = 1024 (world + init seed 1)
+    **{f"N1024_R{R}_cos_2k_seed1": ["capacity", "--subjects", "1024", "--relations", str(R), "--grid", *GRID,
+                                    "--steps", "2000", *COS, "--seed", "1"] for R in (2, 4, 8)},
     # the first attempt's protocol (constant lr 1e-2) at two step budgets: is the N-dependence optimisation?
     "N256_R4_const_2k": ["capacity", "--subjects", "256", "--relations", "4", "--grid", *GRID, "--steps", "2000",
                          *CONST, "--seeds", "2"],
@@ -80,9 +86,9 @@ def _figure(out: Path, rows) -> None:
     from mechfact.plotting import plt, save
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for name, marker in (("N256_cos_2k", "o"), ("N1024_R", "s"), ("N64_m16", "^")):
+    for name, marker in (("N256_cos_2k", "o"), ("N1024_R", "s"), ("N4096_R", "D"), ("N64_m16", "^")):
         pts = sorted((t["r_log_n"], t["median_threshold"], t["relations"]) for n, t in rows
-                     if n.startswith(name) and n.endswith("cos_2k" if name == "N1024_R" else "")
+                     if n.startswith(name) and n.endswith("cos_2k" if name in ("N1024_R", "N4096_R") else "")
                      and t["median_threshold"] is not None)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, ls="-", label=name)

@@ -67,3 +67,23 @@ def test_evaluate_scores_whole_chains():
     last = q.relations[0, -1].item()
     assert res["per_relation"][last] < 1.0 and res["per_relation"][1 - last] == 1.0
     assert (q.targets[:, :3] == IGNORE).all()
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 7 * 5])  # one chunk / ragged chunks of 7 rows at N = 5
+def test_linear_cross_entropy_matches_dense(monkeypatch, chunk):
+    from mechfact.facts import losses
+
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", chunk)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(30, 4, generator=g, requires_grad=True)
+    base = torch.randn(5, 4, generator=g, requires_grad=True)
+    W = base.T  # a non-contiguous view, as for tied embeddings
+    t = torch.randint(5, (30,), generator=g)
+    loss = losses.linear_cross_entropy(h, W, t)
+    gh, gb = torch.autograd.grad(3.0 * loss, (h, base))
+    ref = torch.nn.functional.cross_entropy(h @ W, t)
+    rh, rb = torch.autograd.grad(3.0 * ref, (h, base))
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert torch.allclose(gh, rh, atol=1e-6) and torch.allclose(gb, rb, atol=1e-6)
+    with pytest.raises(ValueError, match=r"targets \(29,\) must be \(30,\)"):
+        losses.linear_cross_entropy(h, W, t[:29])

@@ -22,6 +22,7 @@ from ..config import DictConfig
 from ..device import resolve_device
 from ..seeding import generator
 from .evaluate import check_compatible, evaluate, supervised_logits
+from .losses import linear_cross_entropy
 from .model import FactModel
 from .world import IGNORE, FactWorld, Queries
 
@@ -76,6 +77,8 @@ class TrainConfig(DictConfig):
 def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over supervised positions (only those are unembedded)."""
     sup = targets != IGNORE
+    if hasattr(model, "final_resid"):  # chunked: never materialises the (queries, N) logits
+        return linear_cross_entropy(model.final_resid(tokens)[sup], model.W_U, targets[sup])
     return F.cross_entropy(supervised_logits(model, tokens, sup), targets[sup])
 
 
