@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..config import DictConfig
-from ..device import resolve_device
+from ..device import flush_denormals, resolve_device
 from ..seeding import generator
 from .evaluate import check_compatible, evaluate, supervised_logits
 from .losses import linear_cross_entropy
@@ -101,6 +101,7 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
     check_compatible(model, world)
     device = resolve_device(device) if isinstance(device, str) else device
     queries = world.single_hop() if queries is None else queries
+    flush_denormals()
     model.to(device).train()
     tokens, targets = queries.tokens.to(device), queries.targets.to(device)
     n = len(queries)

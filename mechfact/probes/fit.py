@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..config import DictConfig
+from ..device import flush_denormals
 from ..seeding import generator
 from .queries import logits_of
 
@@ -60,6 +61,7 @@ def fit(params: list[torch.Tensor], forward, answer_pos, targets, cfg: FitConfig
     "accuracy"}]`` (accuracy on the full training set). ``cfg.l2`` applies to
     ``l2_params`` (default: all of ``params``).
     """
+    flush_denormals()
     l2_params = params if l2_params is None else l2_params
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.decoupled_wd)
