@@ -66,4 +66,6 @@ def linear_cross_entropy(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
         raise ValueError(f"linear_cross_entropy: targets {tuple(targets.shape)} must be ({h.shape[0]},)")
     if h.shape[0] == 0:
         raise ValueError("linear_cross_entropy: empty batch")
+    if h.shape[0] <= _chunk_rows(W.shape[1]):  # one chunk: the dense form, no recomputation
+        return F.cross_entropy(h @ W, targets)
     return _LinearCrossEntropy.apply(h, W, targets)
