@@ -36,14 +36,23 @@ SWAP = SwapConfig(new_seed=1, retrain=FitConfig(lr=1e-2, steps=300, eval_every=2
 CHOICES = ["construction", *REGIMES]
 
 
-def run_one(regime: str, n: int, out: Path, seed: int = 0) -> dict:
-    """Train (or, for ``construction``, build with the smallest block size reaching 100%) and probe."""
-    path = out / f"{regime}_N{n}"
+def run_dir(out: Path, regime: str, n: int, attributes: int | None) -> Path:
+    return out / (f"{regime}_N{n}" + ("" if attributes is None else f"_A{attributes}"))
+
+
+def run_one(regime: str, n: int, out: Path, seed: int = 0, attributes: int | None = None) -> dict:
+    """Train (or, for ``construction``, build with the smallest block size reaching 100%) and probe.
+
+    ``attributes``: a shared attribute pool of that size instead of bijections (FactWorld).
+    """
+    path = run_dir(out, regime, n, attributes)
     if (path / "summary.json").is_file():
         return read_json(path / "summary.json")
-    world = FactWorld(n, R, seed=seed)
+    world = FactWorld(n, R, seed=seed, attributes=attributes)
     t0 = time.time()
     if regime == "construction":
+        if attributes is not None:
+            raise ValueError("--attributes: the construction row is built for bijection worlds only")
         b, _ = min_block_size(n, R, target=1.0, seed=seed, start=8)
         cfg = {"block_size": b}
         model = build_single_hop(world, b, seed=seed)
@@ -54,13 +63,15 @@ def run_one(regime: str, n: int, out: Path, seed: int = 0) -> dict:
         model = reg.build(n, R, seed=seed)
         hist = train_fact_model(model, world, reg.fit, freeze=reg.freeze, l2_only=reg.l2_only)
     train_s = time.time() - t0
-    run = RunDir(path, {"regime": regime, "n_entities": n, "n_relations": R, **cfg, "swap": SWAP.to_dict()},
+    run = RunDir(path, {"regime": regime, "n_entities": n, "n_relations": R, "attributes": attributes, **cfg,
+                        "swap": SWAP.to_dict()},
                  kind="probes.regimes", seed=seed, device="cpu")
     save_fact_run(path, model, world)
     res = probe_all(model, world, seed=seed, swap=SWAP,
                     readout_sites=["hook_embed@subject", "blocks.0.hook_resid_mid@last", "blocks.0.hook_resid_post@last"])
     acc = evaluate(model, world)
-    summ = {"regime": regime, "n_entities": n, "train_accuracy": acc["accuracy"], "steps": hist[-1]["step"],
+    summ = {"regime": regime, "n_entities": n, "attributes": attributes, "train_accuracy": acc["accuracy"],
+            "steps": hist[-1]["step"],
             "final_loss": hist[-1]["loss"], **summary(res)}
     run.write_result({**res, "history": hist, "train": acc})
     (path / "summary.json").write_text(json.dumps(summ, indent=2))
@@ -77,7 +88,8 @@ def table(rows: list[dict]) -> str:
     for s in rows:
         m = lambda k: sum(s[k]) / len(s[k])  # noqa: E731
         lines.append(
-            f"| {s['regime']} | {s['n_entities']} | {f(s['train_accuracy'])} | {f(s['r2_train'])} / "
+            f"| {s['regime']} | {s['n_entities']}{'' if not s.get('attributes') else ', A ' + str(s['attributes'])} | "
+            f"{f(s['train_accuracy'])} | {f(s['r2_train'])} / "
             f"{f(s['r2_heldout'])} ({f(s['control_r2_heldout'])}) | {f(s['block_overlap_offdiag'])} | "
             f"{f(s['readout_embed_min'])} / {f(s['readout_embed_mean'])} ({f(s['readout_embed_control_max'])}) | "
             f"{f(m('ablation_on_relation'))} / {f(m('ablation_on_others'))} / {f(m('ablation_random_on_relation'))} | "
@@ -92,6 +104,8 @@ def main(argv=None) -> None:
     ap.add_argument("--regimes", nargs="+", default=CHOICES, choices=CHOICES)
     ap.add_argument("--n", type=int, nargs="+", default=[512])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--attributes", type=int, default=None,
+                    help="shared attribute pool of this size instead of bijections (default: bijections)")
     ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -100,11 +114,11 @@ def main(argv=None) -> None:
     for n in a.n:
         for reg in a.regimes:
             if a.table:
-                p = out / f"{reg}_N{n}" / "summary.json"
+                p = run_dir(out, reg, n, a.attributes) / "summary.json"
                 if p.is_file():
                     rows.append(read_json(p))
                 continue
-            rows.append(run_one(reg, n, out, a.seed))
+            rows.append(run_one(reg, n, out, a.seed, a.attributes))
             print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
 

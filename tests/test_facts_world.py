@@ -103,3 +103,25 @@ def test_queries_round_trip(tmp_path, make):
 def test_bad_inputs(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_attribute_pool_worlds():
+    w = FactWorld(64, 3, seed=5, attributes=8)
+    assert not w.is_bijective and w.n_attributes == 8
+    for r in range(3):  # balanced: every attribute is the value of exactly N / A = 8 subjects per relation
+        assert torch.equal(torch.bincount(w.perms[r], minlength=8), torch.full((8,), 8))
+    assert not torch.equal(w.perms[0], w.perms[1])
+    assert FactWorld(64, 3, seed=5, attributes=8) == w and FactWorld.from_dict(w.to_dict()) == w
+    assert "attributes=8" in repr(w)
+    # attributes = N is the bijection world, draw for draw; files from before pools load as bijections
+    b = FactWorld(64, 3, seed=5)
+    assert b.is_bijective and FactWorld(64, 3, seed=5, attributes=64) == b
+    old = {k: v for k, v in b.to_dict().items() if k != "n_attributes"}
+    assert FactWorld.from_dict(old) == b
+    q = w.single_hop()
+    assert int(q.answers.max()) < 8
+    for bad, msg in ((1, r"attributes=1: must be an integer >= 2"), (65, r"attributes=65: .* <= n_entities=64")):
+        with pytest.raises(ValueError, match=msg):
+            FactWorld(64, 3, attributes=bad)
+    with pytest.raises(ValueError, match=r"perms\[0\] has values outside the attribute pool 0..7"):
+        FactWorld(64, 3, perms=torch.full((3, 64), 9), attributes=8)

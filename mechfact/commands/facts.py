@@ -46,6 +46,9 @@ def register(sub) -> dict:
     p.add_argument("--embeddings", default="trainable", choices=EMBEDDINGS, help="(default trainable)")
     p.add_argument("--hops", type=int, default=1, help="k-hop queries (default 1)")
     p.add_argument("--cot", action="store_true", help="answer k-hop queries with chain of thought")
+    p.add_argument("--attributes", type=int, default=None,
+                   help="map the subjects into a shared pool of this many attributes (entities 0..A-1) instead "
+                        "of bijections (default: bijections)")
     p.add_argument("--target-accuracy", type=float, default=0.99, help="stop early at this accuracy (default 0.99)")
     _model_args(p)
     _optim_args(p, steps=5000, patience=0)
@@ -115,7 +118,8 @@ def _run(a) -> None:
     dev, seed = a.device_obj, a.seed
     if a.facts_cmd == "train":
         cfg = ex.FactsTrainConfig(subjects=a.subjects, relations=a.relations, d=a.d, mlp_width=a.mlp_width, hops=a.hops,
-                                  cot=a.cot, model=_spec(a, a.embeddings), train=_train_cfg(a, a.target_accuracy))
+                                  cot=a.cot, attributes=a.attributes, model=_spec(a, a.embeddings),
+                                  train=_train_cfg(a, a.target_accuracy))
         cfg.validate()
         res = ex.run_train(cfg, a.out, device=dev, seed=seed, progress=not a.quiet)
         print(f"accuracy {res['accuracy']:.4f} after {res['steps']} steps ({res['stopped']})")

@@ -92,11 +92,15 @@ class FactsTrainConfig(DictConfig):
     mlp_width: int = 64
     hops: int = 1
     cot: bool = False
+    attributes: int | None = None  # shared attribute pool size A < N; None = bijections (FactWorld)
     model: ModelSpec = field(default_factory=ModelSpec)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=5000, target_accuracy=0.99, eval_every=50))
 
     def validate(self) -> None:
         _check_world_and_size(self)
+        if self.attributes is not None and not (isinstance(self.attributes, int) and
+                                                2 <= self.attributes <= self.subjects):
+            raise ValueError(f"attributes={self.attributes}: must be an integer in 2..subjects={self.subjects}")
         _check_hops(self.hops, self.model.attention)
         if self.cot and self.hops == 1:
             raise ValueError("--cot needs --hops >= 2 (a single hop has no intermediate entity)")
@@ -122,7 +126,7 @@ def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, s
     """
     cfg.validate()
     run = RunDir(out, {"config": cfg, "seed": seed}, kind="facts.train", seed=seed, device=str(device))
-    world = FactWorld(cfg.subjects, cfg.relations, seed)
+    world = FactWorld(cfg.subjects, cfg.relations, seed, attributes=cfg.attributes)
     model = build_model(world, cfg.d, cfg.mlp_width, cfg.model, cfg.hops, cfg.cot, seed=seed)
     queries = training_queries(world, cfg.hops, cfg.cot)
     tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})

@@ -1,8 +1,16 @@
-"""A seeded fact world: N entities, R relations, each relation a bijection.
+"""A seeded fact world: N entities, R relations, each relation a bijection (or a map into a shared pool).
 
 Relation r is a random permutation ``pi_r`` of the entities (drawn from
 ``generator(seed, "facts.world.perm", r)``), so entities double as subjects and
 attributes and facts compose ("the mother of the wife of x").
+
+With ``attributes=A < N`` every relation instead maps the N subjects into a
+SHARED POOL of attributes, the entities ``0 .. A-1``: ``pi_r = randperm(N) mod A``
+(same generator stream), so each attribute is the value of about N / A
+subjects per relation and co-occurs with many different attributes of other
+relations. In a bijection world a subject's R attributes determine each other
+(``pi_r' o pi_r^{-1}``), a regularity a trained model can exploit; a pool world
+has none (docs/results_probes.md).
 
 Token layout (one shared input vocabulary of ``N + R + 1`` tokens)::
 
@@ -57,15 +65,20 @@ def _check_int(name: str, value: Any, minimum: int, what: str = "") -> int:
 
 
 class FactWorld:
-    """N entities and R relations; ``perms[r, s] = pi_r(s)``."""
+    """N entities and R relations; ``perms[r, s] = pi_r(s)`` (a bijection, or into ``0..attributes-1``)."""
 
-    def __init__(self, n_entities: int, n_relations: int, seed: int = 0, *, perms: Tensor | None = None):
+    def __init__(self, n_entities: int, n_relations: int, seed: int = 0, *, perms: Tensor | None = None,
+                 attributes: int | None = None):
         self.n_entities = _check_int("n_entities", n_entities, 2, " (at least 2 subjects)")
         self.n_relations = _check_int("n_relations", n_relations, 1, " (at least 1 relation)")
         self.seed = int(seed)
+        A = n_entities if attributes is None else _check_int("attributes", attributes, 2, " (the pool size)")
+        if A > n_entities:
+            raise ValueError(f"attributes={A}: the pool is entities 0..A-1, so it must be <= n_entities={n_entities}")
+        self.n_attributes = A
         if perms is None:
             perms = torch.stack([
-                torch.randperm(n_entities, generator=generator(self.seed, "facts.world.perm", r))
+                torch.randperm(n_entities, generator=generator(self.seed, "facts.world.perm", r)) % A
                 for r in range(n_relations)
             ])
         perms = torch.as_tensor(perms, dtype=torch.long).cpu()
@@ -74,9 +87,16 @@ class FactWorld:
                              f"({n_relations}, {n_entities})")
         ref = torch.arange(n_entities)
         for r in range(n_relations):
-            if not torch.equal(perms[r].sort().values, ref):
+            if self.is_bijective and not torch.equal(perms[r].sort().values, ref):
                 raise ValueError(f"perms[{r}] is not a permutation of 0..{n_entities - 1}")
+            if not self.is_bijective and (perms[r].min() < 0 or perms[r].max() >= A):
+                raise ValueError(f"perms[{r}] has values outside the attribute pool 0..{A - 1}")
         self.perms: Int[Tensor, "R N"] = perms
+
+    @property
+    def is_bijective(self) -> bool:
+        """Every relation a permutation of the entities (no shared attribute pool)."""
+        return self.n_attributes == self.n_entities
 
     # ---- vocabulary --------------------------------------------------------------
     @property
@@ -100,12 +120,13 @@ class FactWorld:
         return self.n_entities * self.n_relations
 
     def __repr__(self) -> str:
-        return f"FactWorld(n_entities={self.n_entities}, n_relations={self.n_relations}, seed={self.seed})"
+        pool = "" if self.is_bijective else f", attributes={self.n_attributes}"
+        return f"FactWorld(n_entities={self.n_entities}, n_relations={self.n_relations}, seed={self.seed}{pool})"
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, FactWorld) and self.n_entities == other.n_entities
                 and self.n_relations == other.n_relations and self.seed == other.seed
-                and torch.equal(self.perms, other.perms))
+                and self.n_attributes == other.n_attributes and torch.equal(self.perms, other.perms))
 
     # ---- composition -------------------------------------------------------------
     def apply(self, subjects: Int[Tensor, "n"], relations: Int[Tensor, "n k"]) -> Int[Tensor, "n k"]:
@@ -196,14 +217,15 @@ class FactWorld:
     # ---- serialisation -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"n_entities": self.n_entities, "n_relations": self.n_relations, "seed": self.seed,
-                "perms": self.perms.tolist()}
+                "n_attributes": self.n_attributes, "perms": self.perms.tolist()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FactWorld":
         missing = {"n_entities", "n_relations", "seed", "perms"} - set(d)
         if missing:
             raise ValueError(f"fact world dict is missing {sorted(missing)}")
-        return cls(d["n_entities"], d["n_relations"], d["seed"], perms=torch.tensor(d["perms"]))
+        return cls(d["n_entities"], d["n_relations"], d["seed"], perms=torch.tensor(d["perms"]),
+                   attributes=d.get("n_attributes"))  # absent in files written before attribute pools
 
     def save_json(self, path: str | os.PathLike) -> None:
         from ..runs import write_json_atomic

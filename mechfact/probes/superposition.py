@@ -16,9 +16,9 @@ The maps are fitted by ridge regression (multi-output, alpha chosen by
 generalised cross-validation on the training subjects) and scored by R^2 on
 held-out subjects. The fit has ``R * rank(V)`` features per output coordinate
 (``n_features``): with fewer training subjects than that it is underdetermined
-and held-out R^2 drops even on the construction (N = 64, R = 3, b = 24: 0.70). Control: the same fit with the attribute assignment drawn
-from unrelated random permutations (held-out R^2 near 0 or below). The fitted
-maps BUILD embeddings for any new bijections: :meth:`SuperpositionFit.build`.
+and held-out R^2 drops even on the construction (N = 64, R = 3, b = 24: 0.70). Control: the same fit with each relation's attribute assignment shuffled
+across subjects (held-out R^2 near 0 or below). The fitted
+maps BUILD embeddings for any new facts: :meth:`SuperpositionFit.build`.
 
 Block structure: the row space of each ``M_r`` is where relation r's attribute
 is written; ``block_overlap[r][r']`` is the mean squared cosine of the principal
@@ -136,8 +136,9 @@ def superposition_test(embeddings, attributes, perms, train_subjects, heldout_su
     f = fit_superposition(X, V, P, tr)
     mean = X[tr].mean(0)
     R = P.shape[0]
-    ctrl_perms = np.stack([torch.randperm(P.shape[1], generator=generator(seed, "probes.superposition.control", r))
-                           .numpy() for r in range(R)])
+    # each relation's assignment shuffled across subjects: same attribute frequencies (also for pool worlds)
+    ctrl_perms = np.stack([P[r][torch.randperm(P.shape[1], generator=generator(seed, "probes.superposition.control",
+                                                                               r)).numpy()] for r in range(R)])
     fc = fit_superposition(X, V, ctrl_perms, tr)
     Z = design(V, P, np.arange(P.shape[1]))
     k = V.shape[1]

@@ -102,10 +102,10 @@ def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: FitC
     V = attribute_vectors(model, N)
     if sfit is None:
         sfit = fit_superposition(X, V, world.perms, np.arange(N))
-    new = FactWorld(N, R, seed=new_seed)
+    new = FactWorld(N, R, seed=new_seed, attributes=world.n_attributes)
     if torch.equal(new.perms, world.perms):
         raise ValueError(f"new_seed={new_seed} reproduces the model's own world: pick another")
-    other = FactWorld(N, R, seed=new_seed + 7919)
+    other = FactWorld(N, R, seed=new_seed + 7919, attributes=world.n_attributes)
     ps_new, ps_old = from_world(new), from_world(world)
     dev = model_device(model)
     zero = accuracy(model, ps_new, [embedding_hook(sfit.build(V, new.perms).to(dev), ps_new)])
@@ -119,5 +119,5 @@ def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: FitC
     return SwapResult(zero_shot_accuracy=zero, zero_shot_control_accuracy=zero_ctrl,
                       reconstructed_accuracy=recon,
                       retrained_accuracy=curve[-1]["accuracy"], control_relearn_accuracy=ctrl_curve[-1]["accuracy"],
-                      original_accuracy=accuracy(model, ps_old), chance=1.0 / N, retrain_curve=curve,
+                      original_accuracy=accuracy(model, ps_old), chance=1.0 / world.n_attributes, retrain_curve=curve,
                       control_relearn_curve=ctrl_curve, retrain=retrain.to_dict(), new_world_seed=new_seed)
