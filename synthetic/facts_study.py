@@ -32,6 +32,13 @@ PARTS: dict[str, list[str]] = {
     # a second seed at N = 1024 (world + init seed 1)
     **{f"N1024_R{R}_cos_2k_seed1": ["capacity", "--subjects", "1024", "--relations", str(R), "--grid", *GRID,
                                     "--steps", "2000", *COS, "--seed", "1"] for R in (2, 4, 8)},
+    # a 4x longer budget near the 2000-step thresholds (grids start at or below them): how much of the
+    # N-dependence is the step budget?
+    **{f"N{N}_R{R}_cos_8k": ["capacity", "--subjects", str(N), "--relations", str(R), "--grid", *grid,
+                             "--steps", "8000", *COS]
+       for N, R, grid in ((256, 2, "2 3".split()), (256, 4, "4 5 6".split()), (256, 8, "8 10 12".split()),
+                          (1024, 2, "3 4".split()), (1024, 4, "6 7 8 10".split()),
+                          (1024, 8, "12 14 16 20".split()))},
     # the first attempt's protocol (constant lr 1e-2) at two step budgets: is the N-dependence optimisation?
     "N256_R4_const_2k": ["capacity", "--subjects", "256", "--relations", "4", "--grid", *GRID, "--steps", "2000",
                          *CONST, "--seeds", "2"],

@@ -8,6 +8,8 @@ each choice are in docs/results_probes.md (``probes/regimes.py`` reproduces them
   Adam lr 1e-2, no regularisation, stopped at 100% train accuracy.
 * ``plain-wide``     -- the same at d = 128, m = 256 (above the construction's
   d = R b + R = 128 for N = 512, b = 31).
+* ``plain-xwide``    -- the same at d = 256, m = 512 (the best zero-shot transfer found, on
+  attribute-pool worlds: ``--attributes``).
 * ``l2``             -- d = 64, m = 64, coupled L2 (1e-3) on every trained
   tensor, 4000 full-batch steps (far past 100%): the regime in which the
   embeddings become superpositions (held-out R^2 0.94).
@@ -45,6 +47,7 @@ class Regime:
 REGIMES: dict[str, Regime] = {
     "plain": Regime(64, 64, FitConfig(lr=1e-2, steps=3000, target_accuracy=1.0, eval_every=25)),
     "plain-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=3000, target_accuracy=1.0, eval_every=25)),
+    "plain-xwide": Regime(256, 512, FitConfig(lr=1e-2, steps=3000, target_accuracy=1.0, eval_every=25)),
     "l2": Regime(64, 64, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500)),
     "l2-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500)),
     "emb-l2-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500),
