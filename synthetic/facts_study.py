@@ -90,18 +90,30 @@ def summarize(out: Path) -> None:
 
 
 def _figure(out: Path, rows) -> None:
+    import numpy as np
+
     from mechfact.plotting import plt, save
 
+    series = (("N256_cos_2k", "o", "N = 256, m = 64"), ("N1024_R", "s", "N = 1024, m = 64"),
+              ("N4096_R", "D", "N = 4096, m = 64"), ("N64_m16", "^", "N = 64, m = 16 (800 steps)"))
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for name, marker in (("N256_cos_2k", "o"), ("N1024_R", "s"), ("N4096_R", "D"), ("N64_m16", "^")):
+    fit_pts = []
+    for name, marker, label in series:
         pts = sorted((t["r_log_n"], t["median_threshold"], t["relations"]) for n, t in rows
                      if n.startswith(name) and n.endswith("cos_2k" if name in ("N1024_R", "N4096_R") else "")
                      and t["median_threshold"] is not None)
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, ls="-", label=name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, ls="-", label=label)
+            if name != "N64_m16":
+                fit_pts += pts
+    if fit_pts:  # least squares through the origin over the m = 64, 2000-step points
+        x, y = np.array([p[0] for p in fit_pts]), np.array([p[1] for p in fit_pts])
+        c = float(x @ y / (x @ x))
+        xs = np.linspace(0, x.max() * 1.05, 2)
+        ax.plot(xs, c * xs, "k--", lw=1, label=f"fit d* = {c:.2f} R ln N (m = 64)")
     ax.set_xlabel(r"$R \ln N$")
     ax.set_ylabel("d* (smallest d reaching 99%)")
-    ax.set_title("Trainable embeddings: memorisation threshold")
+    ax.set_title("Trainable embeddings: memorisation threshold (2000 steps, R = 1, 2, 4, 8)")
     ax.legend(fontsize=8)
     save(fig, out / "fig_dstar_all.png")
     print("figure:", out / "fig_dstar_all.png", "| ln(1024)/ln(256) =", round(math.log(1024) / math.log(256), 3))
