@@ -87,3 +87,11 @@ def test_linear_cross_entropy_matches_dense(monkeypatch, chunk):
     assert torch.allclose(gh, rh, atol=1e-6) and torch.allclose(gb, rb, atol=1e-6)
     with pytest.raises(ValueError, match=r"targets \(29,\) must be \(30,\)"):
         losses.linear_cross_entropy(h, W, t[:29])
+
+
+def test_training_flushes_denormals():
+    """Confident softmaxes underflow to denormals, ~10x slower on CPU; train() switches flushing on."""
+    torch.set_flush_denormal(False)
+    assert (torch.tensor([1e-39]) * 1.0).item() > 0.0  # a denormal float32 survives
+    _fit()
+    assert (torch.tensor([1e-39]) * 1.0).item() == 0.0  # ... and is flushed to zero after train()
