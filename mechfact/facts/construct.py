@@ -43,6 +43,7 @@ attention targets depend on it) on the grouped layout of
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 from jaxtyping import Float, Int
@@ -55,8 +56,8 @@ from .world import FactWorld
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["attribute_vectors", "superpose", "build_single_hop", "build_cot", "min_block_size", "evaluate",
-           "construction_d", "cot_construction_d"]
+__all__ = ["attribute_vectors", "superpose", "build_single_hop", "build_cot", "min_block_size", "scan_block_size",
+           "evaluate", "construction_d", "cot_construction_d"]
 
 
 def construction_d(n_relations: int, block_size: int) -> int:
@@ -203,6 +204,25 @@ def build_cot(world: FactWorld, hops: int, block_size: int, *, seed: int = 0, ou
     return model
 
 
+def scan_block_size(score: Callable[[int], tuple[FactModel, dict]], *, target: float, start: int = 1,
+                    max_block: int = 256) -> tuple[int, FactModel, dict, list[dict]]:
+    """Smallest block size b >= ``start`` with ``score(b)[1]["accuracy"] >= target``.
+
+    ``score(b)`` builds a construction and evaluates it, returning ``(model, evaluate(...))``.
+    Returns ``(b, model, result, scanned)``, ``scanned`` one ``{"block_size", "accuracy"}`` per b tried.
+    """
+    if start < 1:
+        raise ValueError(f"start={start}: must be a positive integer")
+    scanned = []
+    for b in range(start, max_block + 1):
+        model, res = score(b)
+        scanned.append({"block_size": b, "accuracy": res["accuracy"]})
+        logger.debug("b=%d accuracy=%.4f", b, res["accuracy"])
+        if res["accuracy"] >= target:
+            return b, model, res, scanned
+    raise ValueError(f"no block size in {start}.. max_block={max_block} reaches accuracy {target}")
+
+
 def min_block_size(n_entities: int, n_relations: int, *, target: float = 0.99, seed: int = 0,
                    start: int = 1, max_block: int = 256) -> tuple[int, dict]:
     """Smallest block size b >= ``start`` whose construction reaches ``target`` single-hop accuracy.
@@ -211,11 +231,10 @@ def min_block_size(n_entities: int, n_relations: int, *, target: float = 0.99, s
     attributes seeded by ``seed``; returns ``(b, evaluate(...))``.
     """
     world = FactWorld(n_entities, n_relations, seed)
-    if start < 1:
-        raise ValueError(f"start={start}: must be a positive integer")
-    for b in range(start, max_block + 1):
-        res = evaluate(build_single_hop(world, b, seed=seed), world)
-        logger.debug("N=%d R=%d b=%d accuracy=%.4f", n_entities, n_relations, b, res["accuracy"])
-        if res["accuracy"] >= target:
-            return b, res
-    raise ValueError(f"no block size in {start}.. max_block={max_block} reaches accuracy {target}")
+
+    def score(b: int) -> tuple[FactModel, dict]:
+        model = build_single_hop(world, b, seed=seed)
+        return model, evaluate(model, world)
+
+    b, _, res, _ = scan_block_size(score, target=target, start=start, max_block=max_block)
+    return b, res

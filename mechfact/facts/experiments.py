@@ -19,7 +19,7 @@ import torch
 from ..config import DictConfig
 from ..executor import Executor, Job, LocalExecutor
 from ..runs import RunDir, atomic_path, read_json
-from .construct import build_cot, build_single_hop, construction_d, cot_construction_d
+from .construct import build_cot, build_single_hop, construction_d, cot_construction_d, scan_block_size
 from .evaluate import evaluate
 from .model import ATTENTION, EMBEDDINGS, FactModel, FactModelConfig
 from .runio import save_fact_run
@@ -205,18 +205,18 @@ def run_construct(cfg: ConstructConfig, out: str | Path, *, device: torch.device
     run = RunDir(out, {"config": cfg, "seed": seed}, kind="facts.construct", seed=seed, device=str(device))
     world = FactWorld(cfg.subjects, cfg.relations, seed)
     queries = training_queries(world, cfg.hops, cfg.cot)
+    def score(b: int):
+        model = construct_model(world, cfg, b, seed)
+        return model, evaluate(model.to(device), world, queries)
+
     scanned = []
     if cfg.d is not None:
         b = cfg.block_size_for(cfg.d)
-        model = construct_model(world, cfg, b, seed)
-        res = evaluate(model.to(device), world, queries)
+        model, res = score(b)
     else:  # smallest block size reaching the target
-        for b in range(1, 257):
-            model = construct_model(world, cfg, b, seed)
-            res = evaluate(model.to(device), world, queries)
-            scanned.append({"block_size": b, "d": cfg._d_of(b), "accuracy": res["accuracy"]})
-            if res["accuracy"] >= cfg.target_accuracy:
-                break
+        b, model, res, scanned = scan_block_size(score, target=cfg.target_accuracy)
+        scanned = [{"block_size": s["block_size"], "d": cfg._d_of(s["block_size"]), "accuracy": s["accuracy"]}
+                   for s in scanned]
     save_fact_run(run.path, model.cpu(), world)
     result = {"subjects": cfg.subjects, "relations": cfg.relations, "hops": cfg.hops, "cot": cfg.cot,
               "d": model.cfg.d, "d_requested": cfg.d, "block_size": b, "mlp_width": model.cfg.mlp_width,
