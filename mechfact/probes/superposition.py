@@ -16,9 +16,10 @@ The maps are fitted by ridge regression (multi-output, alpha chosen by
 generalised cross-validation on the training subjects) and scored by R^2 on
 held-out subjects. The fit has ``R * rank(V)`` features per output coordinate
 (``n_features``): with fewer training subjects than that it is underdetermined
-and held-out R^2 drops even on the construction (N = 64, R = 3, b = 24: 0.70). Control: the same fit with each relation's attribute assignment shuffled
-across subjects (held-out R^2 near 0 or below). The fitted
-maps BUILD embeddings for any new facts: :meth:`SuperpositionFit.build`.
+and held-out R^2 drops even on the construction (N = 64, R = 3, b = 24: 0.70).
+Control: the same fit with each relation's attribute assignment shuffled
+across subjects (held-out R^2 near 0 or below). The fitted maps BUILD
+embeddings for any new facts: :meth:`SuperpositionFit.build`.
 
 Block structure: the row space of each ``M_r`` is where relation r's attribute
 is written; ``block_overlap[r][r']`` is the mean squared cosine of the principal
