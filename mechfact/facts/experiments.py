@@ -205,6 +205,7 @@ def run_construct(cfg: ConstructConfig, out: str | Path, *, device: torch.device
     run = RunDir(out, {"config": cfg, "seed": seed}, kind="facts.construct", seed=seed, device=str(device))
     world = FactWorld(cfg.subjects, cfg.relations, seed)
     queries = training_queries(world, cfg.hops, cfg.cot)
+
     def score(b: int):
         model = construct_model(world, cfg, b, seed)
         return model, evaluate(model.to(device), world, queries)

@@ -58,7 +58,6 @@ with torch.no_grad():
     jzs = accuracy(model, ps1, [embedding_hook(jb(w1.perms), ps1)])
     jrecon = accuracy(model, ps0, [embedding_hook(jb(w0.perms), ps0)])
     jctrl = accuracy(model, ps1, [embedding_hook(jb(w2.perms), ps1)])
-torch.save(model.state_dict(), f"pool_{reg_name}_{N}_{A}_" + "_".join(f"{k}{v}" for k, v in kw.items()) + ".pt")
 init = torch.randn(N, X.shape[1], generator=torch.Generator().manual_seed(0)) * float(X.pow(2).mean().sqrt())
 rt = _retrain(model, ps1, init, FitConfig(lr=1e-2, steps=300, eval_every=50))[-1]["accuracy"]
 rl = _retrain(model, ps0, init, FitConfig(lr=1e-2, steps=300, eval_every=50))[-1]["accuracy"]
