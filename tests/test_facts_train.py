@@ -35,7 +35,8 @@ def test_minibatch_and_config_errors():
     res = train(model, world, TrainConfig(steps=3, batch_size=4, target_accuracy=None, eval_every=2))
     assert res["steps"] == 3 and [h["step"] for h in res["history"]] == [2, 3] and math.isfinite(res["loss"])
     for bad, match in (({"lr": 0}, "lr=0"), ({"batch_size": 0}, "batch_size=0"),
-                       ({"target_accuracy": 1.5}, "target_accuracy=1.5")):
+                       ({"target_accuracy": 1.5}, "target_accuracy=1.5"), ({"loss": "hinge"}, "loss='hinge'"),
+                       ({"l2": -1.0}, "l2=-1.0"), ({"target_logit": 0.0}, "target_logit=0.0")):
         with pytest.raises(ValueError, match=match):
             TrainConfig(**bad)
     with pytest.raises(ValueError, match="unknown TrainConfig keys"):
@@ -87,6 +88,52 @@ def test_linear_cross_entropy_matches_dense(monkeypatch, chunk):
     assert torch.allclose(gh, rh, atol=1e-6) and torch.allclose(gb, rb, atol=1e-6)
     with pytest.raises(ValueError, match=r"targets \(29,\) must be \(30,\)"):
         losses.linear_cross_entropy(h, W, t[:29])
+
+
+def test_linear_squared_error_matches_dense():
+    from mechfact.facts import losses
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(30, 4, generator=g, requires_grad=True)
+    base = torch.randn(5, 4, generator=g, requires_grad=True)
+    W = base.T
+    t = torch.randint(5, (30,), generator=g)
+    loss = losses.linear_squared_error(h, W, t, target_logit=2.5)
+    gh, gb = torch.autograd.grad(loss, (h, base))
+    ref = ((h @ W - 2.5 * torch.nn.functional.one_hot(t, 5)) ** 2).sum(-1).mean()
+    rh, rb = torch.autograd.grad(ref, (h, base))
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert torch.allclose(gh, rh, atol=1e-5) and torch.allclose(gb, rb, atol=1e-5)
+    with pytest.raises(ValueError, match=r"targets \(29,\) must be \(30,\)"):
+        losses.linear_squared_error(h, W, t[:29])
+
+
+def test_squared_loss_with_l2_converges_to_a_fixed_point():
+    """loss="mse" + coupled l2 has a finite minimiser: the logits approach their targets (not ever-growing
+    margins as under cross-entropy) and the parameters stop moving."""
+    world = FactWorld(32, 2, seed=0)
+    model = FactModel(FactModelConfig(32, 2, d=32, mlp_width=64, entity_init="zero"))
+    assert model.W_E_ent.abs().sum() == 0
+    cfg = TrainConfig(steps=1500, lr=1e-2, target_accuracy=None, eval_every=100, loss="mse", l2=1e-4,
+                      schedule="cosine")
+    res = train(model, world, cfg, progress=False)
+    assert res["accuracy"] == 1.0
+    q = world.single_hop()
+    with torch.no_grad():
+        logits = model(q.tokens)[:, -1]
+    target = logits.gather(1, q.answers[:, None])[:, 0]
+    assert target.min().item() == pytest.approx(1.0, abs=0.02)  # the target logit, not a growing margin
+    others = logits.masked_fill(torch.nn.functional.one_hot(q.answers, 32).bool(), 0.0)
+    assert others.abs().max().item() < 0.05
+    ce = FactModel(FactModelConfig(32, 2, d=32, mlp_width=64, entity_init="zero"))
+    train(ce, world, TrainConfig(steps=1500, lr=1e-2, target_accuracy=None, eval_every=100, schedule="cosine"),
+          progress=False)
+    with torch.no_grad():
+        assert ce(q.tokens)[:, -1].gather(1, q.answers[:, None]).mean().item() > 10.0  # CE margins keep growing
+    with pytest.raises(ValueError, match="entity_init='zero' needs trainable, untied"):
+        FactModelConfig(8, 2, tied=True, entity_init="zero")
+    with pytest.raises(ValueError, match="entity_init='small'"):
+        FactModelConfig(8, 2, entity_init="small")
 
 
 def test_training_flushes_denormals():

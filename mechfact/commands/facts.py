@@ -9,12 +9,25 @@ from ..cli import UsageError, common_args
 ATTENTION = ("uniform", "learned")
 EMBEDDINGS = ("trainable", "frozen", "frozen-input")
 SCHEDULES = ("constant", "cosine", "warmup-cosine")
+LOSSES = ("ce", "mse")
+ENTITY_INIT = ("normal", "zero")
+
+
+def _accuracy_or_none(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in (0, 1] or 'none'") from None
 
 
 def _model_args(p: argparse.ArgumentParser, attention: str = "uniform") -> None:
     p.add_argument("--attention", default=attention, choices=ATTENTION, help=f"(default {attention})")
     p.add_argument("--tied", action="store_true", help="tie the entity unembedding to the input embedding")
     p.add_argument("--layer-norm", action="store_true", help="pre-LayerNorm before attention, MLP and unembedding")
+    p.add_argument("--entity-init", default="normal", choices=ENTITY_INIT,
+                   help="entity input embeddings at init: normal N(0, I/d) rows, or zero (default normal)")
 
 
 def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int, lr: float = 1e-2,
@@ -25,6 +38,12 @@ def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int, lr: float
                    help=f"learning-rate schedule; warmup-cosine: 5%% linear warm-up then cosine to 0 (default {schedule})")
     p.add_argument("--batch-size", type=int, default=0, help="queries per step; 0 = full batch (default 0)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay (default 0)")
+    p.add_argument("--l2", type=float, default=0.0,
+                   help="coupled L2 penalty (l2/2)*|theta|^2 on every trained tensor, in the loss (default 0)")
+    p.add_argument("--loss", default="ce", choices=LOSSES,
+                   help="ce: cross-entropy; mse: squared error of the logits against --target-logit on the answer "
+                        "and 0 elsewhere (default ce)")
+    p.add_argument("--target-logit", type=float, default=1.0, help="the answer's target logit for --loss mse (default 1)")
     p.add_argument("--patience", type=int, default=patience,
                    help=f"give up after this many steps without a better accuracy; 0 = never (default {patience})")
     p.add_argument("--eval-every", type=int, default=50, help="steps between accuracy checks (default 50)")
@@ -49,7 +68,8 @@ def register(sub) -> dict:
     p.add_argument("--attributes", type=int, default=None,
                    help="map the subjects into a shared pool of this many attributes (entities 0..A-1) instead "
                         "of bijections (default: bijections)")
-    p.add_argument("--target-accuracy", type=float, default=0.99, help="stop early at this accuracy (default 0.99)")
+    p.add_argument("--target-accuracy", type=_accuracy_or_none, default=0.99,
+                   help="stop early at this accuracy; none = run every step (default 0.99)")
     _model_args(p)
     _optim_args(p, steps=5000, patience=0)
     common_args(p)
@@ -96,6 +116,10 @@ def _train_cfg(a, target: float | None):
         raise UsageError(f"--lr {a.lr}: must be positive")
     if not a.weight_decay >= 0:
         raise UsageError(f"--weight-decay {a.weight_decay}: must be >= 0")
+    if not a.l2 >= 0:
+        raise UsageError(f"--l2 {a.l2}: must be >= 0")
+    if not a.target_logit > 0:
+        raise UsageError(f"--target-logit {a.target_logit}: must be positive")
     if a.patience < 0:
         raise UsageError(f"--patience {a.patience}: must be >= 0")
     if a.eval_every < 1:
@@ -103,13 +127,15 @@ def _train_cfg(a, target: float | None):
     if target is not None and not 0 < target <= 1:
         raise UsageError(f"--target-accuracy {target}: must lie in (0, 1]")
     return TrainConfig(lr=a.lr, steps=a.steps, batch_size=a.batch_size or None, target_accuracy=target,
-                       eval_every=a.eval_every, weight_decay=a.weight_decay, schedule=a.schedule, patience=a.patience)
+                       eval_every=a.eval_every, weight_decay=a.weight_decay, schedule=a.schedule, patience=a.patience,
+                       loss=a.loss, target_logit=a.target_logit, l2=a.l2)
 
 
 def _spec(a, embeddings: str = "trainable"):
     from ..facts.experiments import ModelSpec
 
-    return ModelSpec(attention=a.attention, embeddings=embeddings, tied=a.tied, layer_norm=a.layer_norm)
+    return ModelSpec(attention=a.attention, embeddings=embeddings, tied=a.tied, layer_norm=a.layer_norm,
+                     entity_init=a.entity_init)
 
 
 def _run(a) -> None:

@@ -21,7 +21,7 @@ from ..executor import Executor, Job, LocalExecutor
 from ..runs import RunDir, atomic_path, read_json
 from .construct import build_cot, build_single_hop, construction_d, cot_construction_d, scan_block_size
 from .evaluate import evaluate
-from .model import ATTENTION, EMBEDDINGS, FactModel, FactModelConfig
+from .model import ATTENTION, EMBEDDINGS, ENTITY_INIT, FactModel, FactModelConfig
 from .runio import save_fact_run
 from .train import TrainConfig, train
 from .world import FactWorld, Queries
@@ -45,8 +45,11 @@ class ModelSpec(DictConfig):
     embeddings: str = "trainable"  # trainable | frozen | frozen-input
     tied: bool = False  # entity unembedding tied to the input embedding
     layer_norm: bool = False
+    entity_init: str = "normal"  # normal | zero (entity input embeddings start at 0)
 
     def validate(self) -> None:
+        if self.entity_init not in ENTITY_INIT:
+            raise ValueError(f"--entity-init {self.entity_init}: allowed {', '.join(ENTITY_INIT)}")
         if self.attention not in ATTENTION:
             raise ValueError(f"--attention {self.attention}: allowed {', '.join(ATTENTION)}")
         if self.embeddings not in EMBEDDINGS:
@@ -74,7 +77,8 @@ def build_model(world: FactWorld, d: int, mlp_width: int, spec: ModelSpec, hops:
     n_ctx = 0 if hops == 1 else (2 * hops if cot else hops + 1)
     return FactModel(FactModelConfig(world.n_entities, world.n_relations, d=d, mlp_width=mlp_width,
                                      attention=spec.attention, embeddings=embeddings or spec.embeddings,
-                                     tied=spec.tied, layer_norm=spec.layer_norm, n_special=world.n_special,
+                                     tied=spec.tied, layer_norm=spec.layer_norm, entity_init=spec.entity_init,
+                                     n_special=world.n_special,
                                      n_ctx=n_ctx, seed=seed))
 
 

@@ -69,3 +69,21 @@ def linear_cross_entropy(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
     if h.shape[0] <= _chunk_rows(W.shape[1]):  # one chunk: the dense form, no recomputation
         return F.cross_entropy(h @ W, targets)
     return _LinearCrossEntropy.apply(h, W, targets)
+
+
+def linear_squared_error(h: Tensor, W: Tensor, targets: Tensor, target_logit: float = 1.0) -> Tensor:
+    """Mean over rows of ``||h @ W - target_logit * onehot(targets)||^2`` without forming ``h @ W``.
+
+    Expands the square: ``h (W W^T) h^T - 2 target_logit (h . W[:, t]) + target_logit^2``, so the cost is
+    O(B d^2 + d^2 N) instead of O(B d N) and nothing of size (B, N) exists. Unlike cross-entropy this loss has
+    a finite minimiser: every logit has a fixed target, so training converges instead of growing margins.
+    """
+    if h.ndim != 2 or W.ndim != 2 or h.shape[1] != W.shape[0]:
+        raise ValueError(f"linear_squared_error: h {tuple(h.shape)} and W {tuple(W.shape)} must be (B, d) and (d, N)")
+    if targets.shape != (h.shape[0],):
+        raise ValueError(f"linear_squared_error: targets {tuple(targets.shape)} must be ({h.shape[0]},)")
+    if h.shape[0] == 0:
+        raise ValueError("linear_squared_error: empty batch")
+    gram = W @ W.T
+    target = (h * W.T[targets]).sum(-1)
+    return ((h @ gram) * h).sum(-1).mean() - 2 * target_logit * target.mean() + target_logit ** 2

@@ -50,6 +50,7 @@ from ..config import DictConfig
 from ..seeding import generator
 
 ATTENTION = ("uniform", "learned")
+ENTITY_INIT = ("normal", "zero")
 EMBEDDINGS = ("trainable", "frozen", "frozen-input")
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -69,6 +70,7 @@ class FactModelConfig(DictConfig):
     n_special: int = 1  # special tokens after the relations (FactWorld: PAD)
     n_ctx: int = 0  # > 0: learned positional embeddings for up to n_ctx positions; 0: none
     layer_norm: bool = False  # pre-LN before attention, MLP and unembedding
+    entity_init: str = "normal"  # entity input embeddings: normal (N(0, I/d) rows) | zero (all written by training)
     seed: int = 0  # initialisation; each tensor has its own derived stream
 
     def __post_init__(self) -> None:
@@ -81,6 +83,11 @@ class FactModelConfig(DictConfig):
             raise ValueError(f"attention={self.attention!r}: allowed values are {', '.join(ATTENTION)}")
         if self.embeddings not in EMBEDDINGS:
             raise ValueError(f"embeddings={self.embeddings!r}: allowed values are {', '.join(EMBEDDINGS)}")
+        if self.entity_init not in ENTITY_INIT:
+            raise ValueError(f"entity_init={self.entity_init!r}: allowed values are {', '.join(ENTITY_INIT)}")
+        if self.entity_init == "zero" and (self.tied or self.embeddings != "trainable"):
+            raise ValueError(f"entity_init='zero' needs trainable, untied entity embeddings (got embeddings="
+                             f"{self.embeddings!r}, tied={self.tied}): frozen or tied zero embeddings carry nothing")
         if self.tied and self.embeddings == "frozen-input":
             raise ValueError("tied=True with embeddings='frozen-input' is contradictory (a tied unembedding "
                              "is the frozen input embedding): use embeddings='frozen'")
@@ -171,6 +178,8 @@ class FactModel(HookedRootModule):
         N, R, d, s = cfg.n_entities, cfg.n_relations, cfg.d, cfg.seed
         std = d**-0.5  # N(0, I/d) rows
         ent = _randn(s, "W_E_ent", N, d, std=std)
+        if cfg.entity_init == "zero":
+            ent.zero_()
         if cfg.embeddings == "trainable":
             self.W_E_ent = nn.Parameter(ent)
         else:

@@ -1,4 +1,4 @@
-"""Train a FactModel on the facts of a world (Adam on next-entity cross-entropy).
+"""Train a FactModel on the facts of a world (Adam on next-entity cross-entropy, or squared error).
 
 ``train`` supports a learning-rate schedule, early stopping at a target
 accuracy, giving up after ``patience`` steps without a better accuracy, and
@@ -22,13 +22,14 @@ from ..config import DictConfig
 from ..device import flush_denormals, resolve_device
 from ..seeding import generator
 from .evaluate import check_compatible, evaluate, supervised_logits
-from .losses import linear_cross_entropy
+from .losses import linear_cross_entropy, linear_squared_error
 from .model import FactModel
 from .world import IGNORE, FactWorld, Queries
 
 logger = logging.getLogger(__name__)
 
 SCHEDULES = ("constant", "cosine", "warmup-cosine")
+LOSSES = ("ce", "mse")
 
 
 @dataclass
@@ -44,6 +45,9 @@ class TrainConfig(DictConfig):
     seed: int = 0  # minibatch sampling
     schedule: str = "constant"  # constant | cosine (to 0 at `steps`) | warmup-cosine (5% linear warm-up)
     patience: int = 0  # give up after this many steps without a new best accuracy; 0 = never
+    loss: str = "ce"  # ce: cross-entropy | mse: squared error of the logits against target_logit * one-hot
+    target_logit: float = 1.0  # the answer's target logit under loss="mse" (all others: 0)
+    l2: float = 0.0  # coupled L2 penalty (l2 / 2) * sum ||theta||^2 on every trained tensor, added to the loss
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -62,6 +66,12 @@ class TrainConfig(DictConfig):
             raise ValueError(f"schedule={self.schedule!r}: allowed {SCHEDULES}")
         if self.patience < 0:
             raise ValueError(f"patience={self.patience}: must be >= 0 (0 = never give up)")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss={self.loss!r}: allowed {LOSSES}")
+        if not self.target_logit > 0:
+            raise ValueError(f"target_logit={self.target_logit}: must be positive")
+        if not self.l2 >= 0:
+            raise ValueError(f"l2={self.l2}: must be >= 0")
 
     def lr_factor(self, step: int) -> float:
         """Multiplier of ``lr`` at optimisation step ``step`` (1-based)."""
@@ -74,12 +84,20 @@ class TrainConfig(DictConfig):
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
 
 
-def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over supervised positions (only those are unembedded)."""
+def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor, loss: str = "ce",
+            target_logit: float = 1.0) -> torch.Tensor:
+    """Mean loss over supervised positions (only those are unembedded): cross-entropy, or for ``loss="mse"``
+    the squared error of the entity logits against ``target_logit`` on the answer and 0 elsewhere."""
     sup = targets != IGNORE
-    if hasattr(model, "final_resid"):  # chunked: never materialises the (queries, N) logits
-        return linear_cross_entropy(model.final_resid(tokens)[sup], model.W_U, targets[sup])
-    return F.cross_entropy(supervised_logits(model, tokens, sup), targets[sup])
+    if hasattr(model, "final_resid"):  # never materialises the (queries, N) logits
+        h = model.final_resid(tokens)[sup]
+        if loss == "mse":
+            return linear_squared_error(h, model.W_U, targets[sup], target_logit)
+        return linear_cross_entropy(h, model.W_U, targets[sup])
+    logits = supervised_logits(model, tokens, sup)
+    if loss == "mse":
+        return ((logits - target_logit * F.one_hot(targets[sup], logits.shape[-1])) ** 2).sum(-1).mean()
+    return F.cross_entropy(logits, targets[sup])
 
 
 def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | torch.device = "cpu",
@@ -131,8 +149,9 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
         for group in opt.param_groups:
             group["lr"] = cfg.lr * cfg.lr_factor(step)
         opt.zero_grad(set_to_none=True)
-        loss_t = loss_fn(model, bt, bg)
-        loss_t.backward()
+        loss_t = loss_fn(model, bt, bg, cfg.loss, cfg.target_logit)
+        total = loss_t + 0.5 * cfg.l2 * sum((p * p).sum() for p in params) if cfg.l2 else loss_t
+        total.backward()
         opt.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
             loss = float(loss_t.detach())

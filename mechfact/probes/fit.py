@@ -27,6 +27,9 @@ from .queries import logits_of
 logger = logging.getLogger(__name__)
 
 
+LOSSES = ("ce", "mse")
+
+
 @dataclass
 class FitConfig(DictConfig):
     lr: float = 1e-2  # learning rate
@@ -38,8 +41,14 @@ class FitConfig(DictConfig):
     eval_every: int = 100  # steps between accuracy records
     batch_size: int | None = None  # None = full batch
     seed: int = 0
+    loss: str = "ce"  # ce (cross-entropy) | mse (squared error of the logits against target_logit * one-hot)
+    target_logit: float = 1.0  # the correct answer's target logit under loss="mse" (every other logit: 0)
 
     def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss={self.loss!r}: allowed {LOSSES}")
+        if self.loss == "mse" and not self.target_logit > 0:
+            raise ValueError(f"target_logit={self.target_logit}: must be positive")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer={self.optimizer!r}: allowed adam, sgd")
         if not self.lr > 0 or self.steps < 0 or self.l2 < 0 or self.decoupled_wd < 0 or self.eval_every < 1:
@@ -47,9 +56,16 @@ class FitConfig(DictConfig):
                              "decoupled_wd >= 0, eval_every >= 1")
 
 
-def answer_loss(logits: torch.Tensor, answer_pos: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def answer_loss(logits: torch.Tensor, answer_pos: torch.Tensor, targets: torch.Tensor, loss: str = "ce",
+                target_logit: float = 1.0) -> torch.Tensor:
+    """Loss of the logits at the answer positions: mean cross-entropy, or (``loss="mse"``) the squared error
+    against ``target_logit`` on the answer and 0 elsewhere, summed over the vocabulary and averaged over queries.
+    The squared loss has a finite minimiser (a fixed margin), unlike cross-entropy, whose logits grow forever."""
     rows = torch.arange(logits.shape[0], device=logits.device)
-    return F.cross_entropy(logits[rows, answer_pos], targets)
+    z = logits[rows, answer_pos]
+    if loss == "mse":
+        return ((z * z).sum(-1) - 2 * target_logit * z[rows, targets] + target_logit ** 2).mean()
+    return F.cross_entropy(z, targets)
 
 
 def fit(params: list[torch.Tensor], forward, answer_pos, targets, cfg: FitConfig,
@@ -84,7 +100,7 @@ def fit(params: list[torch.Tensor], forward, answer_pos, targets, cfg: FitConfig
         idx = slice(None) if cfg.batch_size is None or cfg.batch_size >= n else \
             torch.randint(n, (cfg.batch_size,), generator=g)
         opt.zero_grad(set_to_none=True)
-        loss = answer_loss(logits_of(forward(idx)), answer_pos[idx], targets[idx])
+        loss = answer_loss(logits_of(forward(idx)), answer_pos[idx], targets[idx], cfg.loss, cfg.target_logit)
         total = loss + 0.5 * cfg.l2 * sum((p * p).sum() for p in l2_params) if cfg.l2 else loss
         total.backward()
         opt.step()

@@ -1,0 +1,53 @@
+"""Exploration (issue 4): does a loss with a finite minimiser (squared error on the logits, ``loss=mse``) make
+trained subject embeddings additive in their attributes, and the frozen network zero-shot transferable?
+usage: loss.py REGIME N A [key=value ...]   (A = N: bijections; keys: loss, target, d, m, steps, lr, l2,
+tacc (target accuracy or 'none'), zinit (1: subject embeddings initialised at 0), seed)"""
+import dataclasses, json, sys, time
+import numpy as np
+import torch
+torch.set_num_threads(1); torch.set_flush_denormal(True)
+from mechfact.facts import FactWorld, evaluate
+from mechfact.probes.fit import FitConfig, train_fact_model
+from mechfact.probes.queries import accuracy, from_world
+from mechfact.probes.regimes import REGIMES
+from mechfact.probes.superposition import fit_superposition
+from mechfact.probes.swap import attribute_vectors, embedding_hook, subject_embeddings, _retrain
+
+reg_name, N, A = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); R = 4
+kw = dict(a.split("=") for a in sys.argv[4:])
+att = A if A < N else None
+t = time.time()
+w0 = FactWorld(N, R, seed=0, attributes=att)
+reg = REGIMES[reg_name]
+fit = reg.fit
+for k, f, conv in (("steps", "steps", int), ("l2", "l2", float), ("lr", "lr", float), ("loss", "loss", str),
+                   ("target", "target_logit", float)):
+    if k in kw:
+        fit = dataclasses.replace(fit, **{f: conv(kw[k])})
+if "tacc" in kw:
+    fit = dataclasses.replace(fit, target_accuracy=None if kw["tacc"] == "none" else float(kw["tacc"]))
+reg = dataclasses.replace(reg, fit=fit, d=int(kw.get("d", reg.d)), mlp_width=int(kw.get("m", reg.mlp_width)))
+model = reg.build(N, R, seed=int(kw.get("seed", 0)))
+if kw.get("zinit") == "1":
+    with torch.no_grad():
+        model.W_E_ent.zero_()
+hist = train_fact_model(model, w0, reg.fit, freeze=reg.freeze, l2_only=reg.l2_only)
+acc = evaluate(model, w0)["accuracy"]
+X, V = subject_embeddings(model, N), attribute_vectors(model, N)
+rng = np.random.default_rng(0); idx = rng.permutation(N); tr, te = idx[: int(.8 * N)], idx[int(.8 * N):]
+sfit = fit_superposition(X, V, w0.perms, tr)
+def r2(s):
+    pred = sfit.build(V, w0.perms)[s]
+    return float(1 - ((X[s] - pred) ** 2).sum() / ((X[s] - X[s].mean(0)) ** 2).sum())
+w1, w2 = FactWorld(N, R, seed=1, attributes=att), FactWorld(N, R, seed=2, attributes=att)
+ps1, ps0 = from_world(w1), from_world(w0)
+zs = accuracy(model, ps1, [embedding_hook(sfit.build(V, w1.perms), ps1)])
+ctrl = accuracy(model, ps1, [embedding_hook(sfit.build(V, w2.perms), ps1)])
+recon = accuracy(model, ps0, [embedding_hook(sfit.build(V, w0.perms), ps0)])
+init = torch.randn(N, X.shape[1], generator=torch.Generator().manual_seed(0)) * float(X.pow(2).mean().sqrt())
+rt = _retrain(model, ps1, init, FitConfig(lr=1e-2, steps=300, eval_every=50))[-1]["accuracy"]
+rl = _retrain(model, ps0, init, FitConfig(lr=1e-2, steps=300, eval_every=50))[-1]["accuracy"]
+print(json.dumps({"regime": reg_name, "N": N, "A": A, "kw": kw, "train_acc": acc, "steps": hist[-1]["step"],
+                  "loss": hist[-1]["loss"], "r2_train": r2(tr), "r2_heldout": r2(te), "zero_shot": zs,
+                  "zs_ctrl": ctrl, "recon": recon, "retrained": rt, "relearn": rl, "s": round(time.time() - t)}),
+      flush=True)
