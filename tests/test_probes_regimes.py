@@ -51,3 +51,29 @@ def test_frozen_network_takes_new_facts_only_in_attribute_pool_worlds(one_thread
     assert res[16].chance == 1 / 16 and res[None].chance == 1 / 256
     assert res[16].zero_shot_accuracy >= 0.4 and res[16].zero_shot_accuracy >= 5 * res[16].zero_shot_control_accuracy
     assert res[16].zero_shot_accuracy >= 2 * res[None].zero_shot_accuracy
+
+
+@pytest.mark.slow
+def test_geometric_regime_meets_the_papers_bar_in_pool_worlds(one_thread):
+    """The issue's bar for trained models -- held-out superposition R^2 >= 0.9 AND zero-shot freeze-and-swap
+    >= 0.8 -- in one regime: squared-error loss + coupled L2 + zero-initialised subject embeddings
+    (REGIMES["geometric"]), on a world whose relations map 256 subjects into a pool of 16 attributes.
+    The default regime on the same world stays below it. Measured (N = 256, R = 4): geometric R^2 0.96,
+    zero-shot 0.99 (control 0.07, chance 1/16); plain R^2 0.5, zero-shot 0.5.
+    """
+    from mechfact.probes.regimes import REGIMES
+    from mechfact.probes.swap import freeze_and_swap
+
+    world = FactWorld(256, 4, seed=0, attributes=16)
+    out = {}
+    for name in ("plain", "geometric"):
+        reg = REGIMES[name]
+        model = reg.build(256, 4, seed=0)
+        assert train_fact_model(model, world, reg.fit)[-1]["accuracy"] == 1.0
+        sup = superposition_of(model, world)
+        assert abs(sup.control_r2_heldout) < 0.05
+        sw = freeze_and_swap(model, world, sfit=sup.fit, retrain=FitConfig(lr=1e-2, steps=100, eval_every=50))
+        assert sw.zero_shot_control_accuracy <= 2 * sw.chance
+        out[name] = (sup.r2_heldout, sw.zero_shot_accuracy)
+    assert out["geometric"][0] >= 0.9 and out["geometric"][1] >= 0.8, out
+    assert out["plain"][0] <= 0.75 and out["plain"][1] <= 0.7, out

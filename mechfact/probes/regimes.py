@@ -17,6 +17,11 @@ each choice are in docs/results_probes.md (``probes/regimes.py`` reproduces them
 * ``emb-l2-wide``    -- L2 on the entity tables only (embedding, unembedding).
 * ``tied-l2-wide``   -- ``l2-wide`` with the unembedding tied to the embedding.
 * ``l2-wide-fixedU`` -- ``l2-wide`` with the unembedding kept at its random init.
+* ``geometric``      -- d = 128, m = 256, squared-error loss on the logits (target 1 on the
+  answer, 0 elsewhere) plus coupled L2 1e-3, subject embeddings initialised at 0,
+  3000 full-batch steps: in attribute-pool worlds (``--attributes``) the embeddings
+  become superpositions (held-out R^2 0.96) and the frozen network takes new facts
+  zero-shot (0.99 at N = 256, A = 16); it fails in bijection worlds.
 """
 
 from __future__ import annotations
@@ -55,5 +60,7 @@ REGIMES: dict[str, Regime] = {
     "emb-l2-wide-fixedU": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500),
                                  ("W_U_ent",), ("W_E_ent",)),
     "tied-l2-wide": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500), model={"tied": True}),
+    "geometric": Regime(128, 256, FitConfig(lr=1e-2, steps=3000, l2=1e-3, loss="mse", target_accuracy=None,
+                                            eval_every=500), model={"entity_init": "zero"}),
     "l2-wide-fixedU": Regime(128, 256, FitConfig(lr=1e-2, steps=4000, l2=1e-3, eval_every=500), ("W_U_ent",)),
 }
