@@ -118,6 +118,12 @@ BAD = [
     (["facts", "train", "--hops", "2"], "--attention uniform"),
     (["facts", "train", "--cot"], "--cot"),
     (["facts", "train", "--lr", "0"], "--lr 0"),
+    (["facts", "train", "--loss", "hinge"], "--loss"),
+    (["facts", "train", "--l2", "-1"], "--l2 -1"),
+    (["facts", "train", "--target-logit", "0"], "--target-logit 0"),
+    (["facts", "train", "--target-accuracy", "most"], "'most': expected a number in (0, 1] or 'none'"),
+    (["facts", "train", "--entity-init", "uniform"], "--entity-init"),
+    (["facts", "train", "--entity-init", "zero", "--tied"], "entity_init='zero' needs trainable, untied"),
     (["facts", "capacity", "--search", "depth"], "--search"),
     (["facts", "capacity", "--relations", "2", "0"], "--relations 0"),
     (["facts", "capacity", "--grid", "8", "0"], "--grid"),
@@ -132,6 +138,24 @@ def test_bad_input_exits_2_with_one_line(argv, needle, tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path / "o"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err, err
+
+
+def test_geometric_flags_reach_the_saved_config(tmp_path):
+    """--loss mse --l2 --entity-init zero --target-accuracy none: every step runs, the run dir records them."""
+    import json
+
+    out = tmp_path / "g"
+    assert main(["facts", "train", "--subjects", "16", "--relations", "2", "--attributes", "4", "--d", "8",
+                 "--mlp-width", "16", "--steps", "30", "--eval-every", "10", "--loss", "mse", "--l2", "1e-3",
+                 "--entity-init", "zero", "--target-accuracy", "none", "--quiet", "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    train = cfg["config"]["train"]
+    assert (train["loss"], train["l2"], train["target_accuracy"]) == ("mse", 1e-3, None)
+    assert cfg["config"]["model"]["entity_init"] == "zero"
+    res = json.loads((out / "result.json").read_text())
+    assert res["steps"] == 30 and res["stopped"] == "budget"
+    model, _ = load_fact_run(out)
+    assert model.cfg.entity_init == "zero"
 
 
 def test_corrupted_checkpoint_exits_2(tmp_path, capsys):
