@@ -16,6 +16,7 @@ One CPU thread; a regime at N = 512 takes 3-8 minutes on a shared 2-core machine
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -36,16 +37,19 @@ SWAP = SwapConfig(new_seed=1, retrain=FitConfig(lr=1e-2, steps=300, eval_every=2
 CHOICES = ["construction", *REGIMES]
 
 
-def run_dir(out: Path, regime: str, n: int, attributes: int | None) -> Path:
-    return out / (f"{regime}_N{n}" + ("" if attributes is None else f"_A{attributes}"))
+def run_dir(out: Path, regime: str, n: int, attributes: int | None, l2: float | None = None) -> Path:
+    return out / (f"{regime}_N{n}" + ("" if attributes is None else f"_A{attributes}")
+                  + ("" if l2 is None else f"_l2{l2:g}"))
 
 
-def run_one(regime: str, n: int, out: Path, seed: int = 0, attributes: int | None = None) -> dict:
+def run_one(regime: str, n: int, out: Path, seed: int = 0, attributes: int | None = None,
+            l2: float | None = None) -> dict:
     """Train (or, for ``construction``, build with the smallest block size reaching 100%) and probe.
 
     ``attributes``: a shared attribute pool of that size instead of bijections (FactWorld).
+    ``l2``: replaces the regime's coupled L2 strength (the squared-loss regimes need it ~1/N).
     """
-    path = run_dir(out, regime, n, attributes)
+    path = run_dir(out, regime, n, attributes, l2)
     if (path / "summary.json").is_file():
         return read_json(path / "summary.json")
     world = FactWorld(n, R, seed=seed, attributes=attributes)
@@ -59,6 +63,8 @@ def run_one(regime: str, n: int, out: Path, seed: int = 0, attributes: int | Non
         hist = [{"step": 0, "loss": float("nan"), "accuracy": evaluate(model, world)["accuracy"]}]
     else:
         reg = REGIMES[regime]
+        if l2 is not None:
+            reg = dataclasses.replace(reg, fit=dataclasses.replace(reg.fit, l2=l2))
         cfg = reg.to_dict()
         model = reg.build(n, R, seed=seed)
         hist = train_fact_model(model, world, reg.fit, freeze=reg.freeze, l2_only=reg.l2_only)
@@ -70,7 +76,8 @@ def run_one(regime: str, n: int, out: Path, seed: int = 0, attributes: int | Non
     res = probe_all(model, world, seed=seed, swap=SWAP,
                     readout_sites=["hook_embed@subject", "blocks.0.hook_resid_mid@last", "blocks.0.hook_resid_post@last"])
     acc = evaluate(model, world)
-    summ = {"regime": regime, "n_entities": n, "attributes": attributes, "train_accuracy": acc["accuracy"],
+    summ = {"regime": regime if l2 is None else f"{regime} (l2 {l2:g})", "n_entities": n, "attributes": attributes,
+            "train_accuracy": acc["accuracy"],
             "steps": hist[-1]["step"],
             "final_loss": hist[-1]["loss"], **summary(res)}
     run.write_result({**res, "history": hist, "train": acc})
@@ -106,6 +113,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--attributes", type=int, default=None,
                     help="shared attribute pool of this size instead of bijections (default: bijections)")
+    ap.add_argument("--l2", type=float, default=None,
+                    help="replace the regimes' coupled L2 strength (default: each regime's own)")
     ap.add_argument("--table", action="store_true", help="only print the table of finished runs")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -114,11 +123,11 @@ def main(argv=None) -> None:
     for n in a.n:
         for reg in a.regimes:
             if a.table:
-                p = run_dir(out, reg, n, a.attributes) / "summary.json"
+                p = run_dir(out, reg, n, a.attributes, a.l2) / "summary.json"
                 if p.is_file():
                     rows.append(read_json(p))
                 continue
-            rows.append(run_one(reg, n, out, a.seed, a.attributes))
+            rows.append(run_one(reg, n, out, a.seed, a.attributes, a.l2))
             print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
 

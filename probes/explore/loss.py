@@ -1,7 +1,7 @@
 """Exploration (issue 4): does a loss with a finite minimiser (squared error on the logits, ``loss=mse``) make
 trained subject embeddings additive in their attributes, and the frozen network zero-shot transferable?
 usage: loss.py REGIME N A [key=value ...]   (A = N: bijections; keys: loss, target, d, m, steps, lr, l2,
-tacc (target accuracy or 'none'), zinit (1: subject embeddings initialised at 0), seed)"""
+tacc (target accuracy or 'none'), l2only (comma-separated parameter names), zinit (1: subject embeddings initialised at 0), seed)"""
 import dataclasses, json, sys, time
 import numpy as np
 import torch
@@ -26,7 +26,8 @@ for k, f, conv in (("steps", "steps", int), ("l2", "l2", float), ("lr", "lr", fl
         fit = dataclasses.replace(fit, **{f: conv(kw[k])})
 if "tacc" in kw:
     fit = dataclasses.replace(fit, target_accuracy=None if kw["tacc"] == "none" else float(kw["tacc"]))
-reg = dataclasses.replace(reg, fit=fit, d=int(kw.get("d", reg.d)), mlp_width=int(kw.get("m", reg.mlp_width)))
+reg = dataclasses.replace(reg, fit=fit, d=int(kw.get("d", reg.d)), mlp_width=int(kw.get("m", reg.mlp_width)),
+                          l2_only=tuple(kw["l2only"].split(",")) if "l2only" in kw else reg.l2_only)
 model = reg.build(N, R, seed=int(kw.get("seed", 0)))
 if kw.get("zinit") == "1":
     with torch.no_grad():
