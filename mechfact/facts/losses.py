@@ -53,6 +53,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_W, None
 
 
+def _check_shapes(name: str, h: Tensor, W: Tensor, targets: Tensor) -> None:
+    if h.ndim != 2 or W.ndim != 2 or h.shape[1] != W.shape[0]:
+        raise ValueError(f"{name}: h {tuple(h.shape)} and W {tuple(W.shape)} must be (B, d) and (d, N)")
+    if targets.shape != (h.shape[0],):
+        raise ValueError(f"{name}: targets {tuple(targets.shape)} must be ({h.shape[0]},)")
+    if h.shape[0] == 0:
+        raise ValueError(f"{name}: empty batch")
+
+
 def linear_cross_entropy(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
     """``F.cross_entropy(h @ W, targets)`` (mean), computed in row chunks.
 
@@ -60,12 +69,7 @@ def linear_cross_entropy(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
     indices in ``[0, N)``. Same value and gradients as the dense form up to
     float rounding (tested), with O(chunk * N) extra memory instead of O(B * N).
     """
-    if h.ndim != 2 or W.ndim != 2 or h.shape[1] != W.shape[0]:
-        raise ValueError(f"linear_cross_entropy: h {tuple(h.shape)} and W {tuple(W.shape)} must be (B, d) and (d, N)")
-    if targets.shape != (h.shape[0],):
-        raise ValueError(f"linear_cross_entropy: targets {tuple(targets.shape)} must be ({h.shape[0]},)")
-    if h.shape[0] == 0:
-        raise ValueError("linear_cross_entropy: empty batch")
+    _check_shapes("linear_cross_entropy", h, W, targets)
     if h.shape[0] <= _chunk_rows(W.shape[1]):  # one chunk: the dense form, no recomputation
         return F.cross_entropy(h @ W, targets)
     return _LinearCrossEntropy.apply(h, W, targets)
@@ -78,12 +82,7 @@ def linear_squared_error(h: Tensor, W: Tensor, targets: Tensor, target_logit: fl
     O(B d^2 + d^2 N) instead of O(B d N) and nothing of size (B, N) exists. Unlike cross-entropy this loss has
     a finite minimiser: every logit has a fixed target, so training converges instead of growing margins.
     """
-    if h.ndim != 2 or W.ndim != 2 or h.shape[1] != W.shape[0]:
-        raise ValueError(f"linear_squared_error: h {tuple(h.shape)} and W {tuple(W.shape)} must be (B, d) and (d, N)")
-    if targets.shape != (h.shape[0],):
-        raise ValueError(f"linear_squared_error: targets {tuple(targets.shape)} must be ({h.shape[0]},)")
-    if h.shape[0] == 0:
-        raise ValueError("linear_squared_error: empty batch")
+    _check_shapes("linear_squared_error", h, W, targets)
     gram = W @ W.T
     target = (h * W.T[targets]).sum(-1)
     return ((h @ gram) * h).sum(-1).mean() - 2 * target_logit * target.mean() + target_logit ** 2
