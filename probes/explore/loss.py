@@ -1,7 +1,7 @@
 """Exploration (issue 4): does a loss with a finite minimiser (squared error on the logits, ``loss=mse``) make
 trained subject embeddings additive in their attributes, and the frozen network zero-shot transferable?
 usage: loss.py REGIME N A [key=value ...]   (A = N: bijections; keys: loss, target, d, m, steps, lr, l2,
-tacc (target accuracy or 'none'), l2only (comma-separated parameter names), zinit (1: subject embeddings initialised at 0), seed)"""
+tacc (target accuracy or 'none'), l2only (comma-separated parameter names), zinit (1: subject embeddings initialised at 0), seed (world and init))"""
 import dataclasses, json, sys, time
 import numpy as np
 import torch
@@ -17,7 +17,8 @@ reg_name, N, A = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); R = 4
 kw = dict(a.split("=") for a in sys.argv[4:])
 att = A if A < N else None
 t = time.time()
-w0 = FactWorld(N, R, seed=0, attributes=att)
+ws = int(kw.get("seed", 0))  # world AND init seed; the new worlds are ws + 1 and ws + 2
+w0 = FactWorld(N, R, seed=ws, attributes=att)
 reg = REGIMES[reg_name]
 fit = reg.fit
 for k, f, conv in (("steps", "steps", int), ("l2", "l2", float), ("lr", "lr", float), ("loss", "loss", str),
@@ -40,7 +41,7 @@ sfit = fit_superposition(X, V, w0.perms, tr)
 def r2(s):
     pred = sfit.build(V, w0.perms)[s]
     return float(1 - ((X[s] - pred) ** 2).sum() / ((X[s] - X[s].mean(0)) ** 2).sum())
-w1, w2 = FactWorld(N, R, seed=1, attributes=att), FactWorld(N, R, seed=2, attributes=att)
+w1, w2 = FactWorld(N, R, seed=ws + 1, attributes=att), FactWorld(N, R, seed=ws + 2, attributes=att)
 ps1, ps0 = from_world(w1), from_world(w0)
 zs = accuracy(model, ps1, [embedding_hook(sfit.build(V, w1.perms), ps1)])
 ctrl = accuracy(model, ps1, [embedding_hook(sfit.build(V, w2.perms), ps1)])
