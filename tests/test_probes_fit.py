@@ -34,3 +34,17 @@ def test_bad_fit_input():
     with pytest.raises(ValueError, match="unknown parameters.*W_U_ent"):
         train_fact_model(FactModel(FactModelConfig(8, 1, d=4, mlp_width=4)), world, FitConfig(steps=1),
                          freeze=("W_U",))
+    with pytest.raises(ValueError, match="loss='hinge': allowed"):
+        FitConfig(loss="hinge")
+
+
+def test_squared_answer_loss_matches_its_definition():
+    from mechfact.probes.fit import answer_loss
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 3, 5, generator=g)
+    pos, t = torch.tensor([0, 2, 1, 1, 0, 2]), torch.tensor([4, 0, 1, 3, 3, 2])
+    z = logits[torch.arange(6), pos]
+    ref = ((z - 2.0 * torch.nn.functional.one_hot(t, 5)) ** 2).sum(-1).mean()
+    assert answer_loss(logits, pos, t, "mse", 2.0).item() == pytest.approx(ref.item(), rel=1e-6)
+    assert answer_loss(logits, pos, t).item() == pytest.approx(torch.nn.functional.cross_entropy(z, t).item())
