@@ -75,6 +75,13 @@ def linear_cross_entropy(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
     return _LinearCrossEntropy.apply(h, W, targets)
 
 
+def logit_squared_error(z: Tensor, targets: Tensor, target_logit: float = 1.0) -> Tensor:
+    """Mean over rows of ``||z - target_logit * onehot(targets)||^2`` for logits ``z`` (B, N), expanded as
+    ``|z|^2 - 2 target_logit z[target] + target_logit^2`` (no one-hot matrix)."""
+    rows = torch.arange(z.shape[0], device=z.device)
+    return ((z * z).sum(-1) - 2 * target_logit * z[rows, targets] + target_logit ** 2).mean()
+
+
 def linear_squared_error(h: Tensor, W: Tensor, targets: Tensor, target_logit: float = 1.0) -> Tensor:
     """Mean over rows of ``||h @ W - target_logit * onehot(targets)||^2`` without forming ``h @ W``.
 

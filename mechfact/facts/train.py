@@ -22,7 +22,7 @@ from ..config import DictConfig
 from ..device import flush_denormals, resolve_device
 from ..seeding import generator
 from .evaluate import check_compatible, evaluate, supervised_logits
-from .losses import linear_cross_entropy, linear_squared_error
+from .losses import linear_cross_entropy, linear_squared_error, logit_squared_error
 from .model import FactModel
 from .world import IGNORE, FactWorld, Queries
 
@@ -96,7 +96,7 @@ def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor, loss:
         return linear_cross_entropy(h, model.W_U, targets[sup])
     logits = supervised_logits(model, tokens, sup)
     if loss == "mse":
-        return ((logits - target_logit * F.one_hot(targets[sup], logits.shape[-1])) ** 2).sum(-1).mean()
+        return logit_squared_error(logits, targets[sup], target_logit)
     return F.cross_entropy(logits, targets[sup])
 
 

@@ -21,13 +21,12 @@ from tqdm.auto import tqdm
 
 from ..config import DictConfig
 from ..device import flush_denormals
+from ..facts.losses import logit_squared_error
+from ..facts.train import LOSSES
 from ..seeding import generator
 from .queries import logits_of
 
 logger = logging.getLogger(__name__)
-
-
-LOSSES = ("ce", "mse")
 
 
 @dataclass
@@ -61,10 +60,9 @@ def answer_loss(logits: torch.Tensor, answer_pos: torch.Tensor, targets: torch.T
     """Loss of the logits at the answer positions: mean cross-entropy, or (``loss="mse"``) the squared error
     against ``target_logit`` on the answer and 0 elsewhere, summed over the vocabulary and averaged over queries.
     The squared loss has a finite minimiser (a fixed margin), unlike cross-entropy, whose logits grow forever."""
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    z = logits[rows, answer_pos]
+    z = logits[torch.arange(logits.shape[0], device=logits.device), answer_pos]
     if loss == "mse":
-        return ((z * z).sum(-1) - 2 * target_logit * z[rows, targets] + target_logit ** 2).mean()
+        return logit_squared_error(z, targets, target_logit)
     return F.cross_entropy(z, targets)
 
 

@@ -29,7 +29,7 @@ if "tacc" in kw:
     fit = dataclasses.replace(fit, target_accuracy=None if kw["tacc"] == "none" else float(kw["tacc"]))
 reg = dataclasses.replace(reg, fit=fit, d=int(kw.get("d", reg.d)), mlp_width=int(kw.get("m", reg.mlp_width)),
                           l2_only=tuple(kw["l2only"].split(",")) if "l2only" in kw else reg.l2_only)
-model = reg.build(N, R, seed=int(kw.get("seed", 0)))
+model = reg.build(N, R, seed=ws)
 if kw.get("zinit") == "1":
     with torch.no_grad():
         model.W_E_ent.zero_()
