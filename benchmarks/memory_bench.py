@@ -22,7 +22,7 @@ import torch
 
 from mechfact.device import resolve_device
 from mechfact.memory.problems import MemoryProblem, p_for_alpha
-from mechfact.memory.solvers import TrainConfig, train
+from mechfact.memory.solvers import MemoryTrainConfig, train
 
 
 def _sync(dev):
@@ -45,8 +45,8 @@ def matmul_peak(dev, n=1024, reps=20) -> float:
 def train_throughput(d: int, runs: int, steps: int, dev) -> dict:
     p = p_for_alpha(0.5, d)
     probs = [MemoryProblem("original", d, p, s) for s in range(runs)]
-    cfg = TrainConfig(max_steps=steps, early_stop=False)
-    train(probs, cfg=TrainConfig(max_steps=2, early_stop=False), device=dev)  # warm-up
+    cfg = MemoryTrainConfig(steps=steps, early_stop=False)
+    train(probs, cfg=MemoryTrainConfig(steps=2, early_stop=False), device=dev)  # warm-up
     _sync(dev)
     t = time.perf_counter()
     train(probs, cfg=cfg, device=dev)
@@ -60,7 +60,7 @@ def train_throughput(d: int, runs: int, steps: int, dev) -> dict:
 def batched_vs_sequential(dev, n=24, d=32, steps=300) -> dict:
     p = p_for_alpha(0.5, d)
     probs = [MemoryProblem("original", d, p, s) for s in range(n)]
-    cfg = TrainConfig(max_steps=steps, early_stop=False)
+    cfg = MemoryTrainConfig(steps=steps, early_stop=False)
     t = time.perf_counter()
     train(probs, cfg=cfg, device=dev)
     _sync(dev)

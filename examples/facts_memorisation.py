@@ -11,25 +11,18 @@ construction reaches 99% with d = R (b + 1), b = O(log N), without training.
 
 import torch
 
-from mechfact.facts import FactWorld, evaluate
-from mechfact.facts.experiments import ConstructConfig, ModelSpec, build_model, construct_model
-from mechfact.facts.train import TrainConfig, train
+import mechfact
 
 torch.set_num_threads(2)
-world = FactWorld(n_entities=128, n_relations=4, seed=0)
+world = mechfact.FactWorld(n_entities=128, n_relations=4, seed=0)
 print(f"{world.n_facts} facts: N={world.n_entities} entities, R={world.n_relations} relations")
 
-opt = TrainConfig(lr=3e-2, schedule="warmup-cosine", steps=600, target_accuracy=0.99, eval_every=25)
+opt = mechfact.TrainConfig(lr=3e-2, schedule="warmup-cosine", steps=600, target_accuracy=0.99, eval_every=25)
 for emb in ("trainable", "frozen"):
-    model = build_model(world, d=8, mlp_width=16, spec=ModelSpec(embeddings=emb))
-    res = train(model, world, opt, progress=False)
+    model = mechfact.build_fact_model(world, d=8, mlp_width=16, embeddings=emb, seed=0)
+    res = mechfact.train(model, world, opt)
     print(f"{emb:>9} embeddings, d=8, MLP width 16: accuracy {res['accuracy']:.3f} after {res['steps']} steps")
 
-cfg = ConstructConfig(subjects=128, relations=4)
-for b in range(4, 64):
-    model = construct_model(world, cfg, b, seed=0)
-    acc = evaluate(model, world)["accuracy"]
-    if acc >= 0.99:
-        break
-print(f"construction: block size b={b}, d={model.cfg.d}, MLP width {model.cfg.mlp_width}: accuracy {acc:.3f} "
-      "(no training)")
+model, info = mechfact.construct(world, target_accuracy=0.99)  # the smallest block size reaching 99%
+print(f"construction: block size b={info['block_size']}, d={model.cfg.d}, MLP width {model.cfg.mlp_width}: "
+      f"accuracy {info['accuracy']:.3f} (no training)")

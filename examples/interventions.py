@@ -17,14 +17,13 @@ Runs in a few seconds on a laptop CPU.
 
 import torch
 
-from mechfact.facts import FactWorld, build_single_hop, hooks
-from mechfact.probes.patching import Intervention, intervened_accuracy, relation_swap, relation_units, selectivity
-from mechfact.probes.queries import from_world
+from mechfact import FactWorld, Intervention, ProbeSet, construct, hooks
+from mechfact.probes.patching import intervened_accuracy, relation_swap, relation_units, selectivity
 
 torch.set_num_threads(1)
 world = FactWorld(256, 4, seed=0)  # 256 entities, 4 random bijections
-model = build_single_hop(world, block_size=24)
-queries = from_world(world)  # all 1024 facts [s, r] -> pi_r(s)
+model, _ = construct(world, d=4 * 24 + 4)  # block size 24
+queries = ProbeSet.from_world(world)  # all 1024 facts [s, r] -> pi_r(s)
 
 # 1. which units gate which relation? mean activation per relation at the answer position
 sel = selectivity(model, queries, hooks.mlp_post(0))

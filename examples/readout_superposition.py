@@ -12,17 +12,15 @@ its R attribute vectors. A few seconds on a laptop CPU.
 
 import torch
 
-from mechfact.facts import FactWorld, build_single_hop
-from mechfact.probes.experiments import superposition_of
-from mechfact.probes.queries import from_world
-from mechfact.probes.readout import readout
+import mechfact
+from mechfact import hooks
 
 torch.set_num_threads(1)
-world = FactWorld(256, 4, seed=0)
-model = build_single_hop(world, block_size=24)
-res = readout(model, from_world(world), ["hook_embed@subject", "blocks.0.hook_resid_post@last"])
+world = mechfact.FactWorld(256, 4, seed=0)
+model, _ = mechfact.construct(world, d=4 * 24 + 4)  # block size 24
+res = mechfact.readout(model, world, [mechfact.Site(hooks.embed(), "subject"), mechfact.Site(hooks.resid(0), "last")])
 for row in res.per_relation:
     print(f"readout relation {row['relation']} {row['site']:32s} accuracy {row['accuracy']:.3f}  "
           f"control {row['control_accuracy']:.3f}  chance {row['chance']:.4f}")
-sp = superposition_of(model, world)
+sp = mechfact.superposition(model, world)
 print(f"superposition R^2 train {sp.r2_train:.3f}  held-out {sp.r2_heldout:.3f}  control {sp.control_r2_heldout:.3f}")

@@ -13,14 +13,13 @@ facts the same way. A few seconds on a laptop CPU.
 
 import torch
 
-from mechfact.facts import FactWorld, build_single_hop
-from mechfact.probes.fit import FitConfig
-from mechfact.probes.swap import freeze_and_swap
+import mechfact
 
 torch.set_num_threads(1)
-world = FactWorld(256, 4, seed=0)
-model = build_single_hop(world, block_size=24)  # or: model, world = load_fact_run("runs/my_trained_model")
-res = freeze_and_swap(model, world, new_seed=1, retrain=FitConfig(lr=3e-2, steps=30, eval_every=10))
+world = mechfact.FactWorld(256, 4, seed=0)
+model, _ = mechfact.construct(world, d=4 * 24 + 4)  # or: mechfact.facts.runio.load_fact_run("runs/my_model")
+retrain = mechfact.TrainConfig(lr=3e-2, steps=30, eval_every=10, target_accuracy=None)
+res = mechfact.freeze_and_swap(model, world, new_seed=1, retrain=retrain)
 print(f"original facts accuracy      {res.original_accuracy:.3f}")
 print(f"new facts, zero-shot         {res.zero_shot_accuracy:.3f}   (embeddings built for another world: "
       f"{res.zero_shot_control_accuracy:.3f}, chance {res.chance:.4f})")

@@ -102,8 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     _train_args(p)
     common_args(p)
 
-    for register in _plugins():
-        COMMANDS.update(register(sub))
+    from .commands import facts, llm, probe
+
+    for group in (facts, probe, llm):
+        COMMANDS.update(group.register(sub))
 
     q = sub.add_parser("quickstart", help="small versions of every capability and one HTML report")
     q.add_argument("--fast", action="store_true", help="smoke-sized version (used by the tests)")
@@ -113,17 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train_cfg(a, **over):
-    from .memory.solvers import TrainConfig
+    from .memory.solvers import MemoryTrainConfig
 
-    if a.steps < 1:
-        raise UsageError(f"--steps {a.steps}: must be at least 1")
-    if a.lr <= 0:
-        raise UsageError(f"--lr {a.lr}: must be positive")
-    if a.patience < 0:
-        raise UsageError(f"--patience {a.patience}: must be >= 0")
-    if a.active_set < 0:
-        raise UsageError(f"--active-set {a.active_set}: must be >= 0")
-    return TrainConfig(lr=a.lr, max_steps=a.steps, loss=a.loss, patience=a.patience, active_set=a.active_set, **over)
+    return MemoryTrainConfig(lr=a.lr, steps=a.steps, loss=a.loss, patience=a.patience, active_set=a.active_set, **over)
 
 
 def _run_memory(a) -> None:
@@ -134,12 +128,10 @@ def _run_memory(a) -> None:
         solver = ex.SolverConfig(method=a.method, problem=a.problem, kappa=a.kappa, train=_train_cfg(a))
         if a.sub == "sweep":
             cfg = ex.SweepConfig(d=a.d, alpha_min=a.alpha_min, alpha_max=a.alpha_max, points=a.points, seeds=a.seeds, solver=solver)
-            cfg.validate()
             ex.run_sweep(cfg, a.out, device=device, seed=a.seed)
         else:
             cfg = ex.CapacityConfig(d=a.d, seeds=a.seeds, solver=solver, alpha_lo=a.alpha_lo, alpha_hi=a.alpha_hi,
                                     rel_tol=a.rel_tol)
-            cfg.validate()
             ex.run_capacity(cfg, a.out, device=device, seed=a.seed)
     elif a.sub == "scores":
         ex.run_scores(ex.ScoresConfig(d=a.d, alpha=a.alpha, problem=a.problem, kappa=a.kappa, train=_train_cfg(a)),
@@ -177,24 +169,6 @@ def _silence_progress() -> None:
 
     os.environ["TQDM_DISABLE"] = "1"
     tqdm.std.tqdm.__init__ = functools.partialmethod(tqdm.std.tqdm.__init__, disable=True)
-
-
-def _plugins() -> list[Callable]:
-    """``register(subparsers) -> {command: handler}`` of each subpackage that adds commands.
-
-    A handler receives the parsed args (with ``device_obj`` resolved) and raises
-    :class:`UsageError` or ``ValueError`` for bad input (exit 2).
-    """
-    import importlib
-
-    out = []
-    for mod in ("facts", "probe", "llm"):  # mechfact/commands/<name>.py: light modules, heavy imports in handlers
-        try:
-            out.append(importlib.import_module(f"mechfact.commands.{mod}").register)
-        except ModuleNotFoundError as exc:  # not written yet
-            if exc.name != f"mechfact.commands.{mod}":
-                raise
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,8 +48,3 @@ class LocalExecutor(Executor):
                 on_result(job, result)
                 bar.update(job.cost)
 
-
-def get_executor(name: str = "local", **kwargs: Any) -> Executor:
-    if name == "local":
-        return LocalExecutor(**kwargs)
-    raise ValueError(f"executor {name!r}: allowed values are local")

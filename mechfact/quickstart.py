@@ -18,7 +18,7 @@ import torch
 from .executor import LocalExecutor
 from .memory import experiments as ex
 from .memory import theory
-from .memory.solvers import TrainConfig
+from .memory.solvers import MemoryTrainConfig
 from .report import Section, render
 from .runs import read_json, versions, write_json_atomic
 
@@ -31,7 +31,7 @@ def run_quickstart(out: str | Path, *, device: torch.device, seed: int = 0, fast
     t0 = time.time()
     ds = [12, 16] if fast else [16, 24]
     seeds = 2 if fast else 3
-    train = TrainConfig(max_steps=1500 if fast else 2000, patience=300 if fast else 500)
+    train = MemoryTrainConfig(steps=1500 if fast else 2000, patience=300 if fast else 500)
     ex_ = LocalExecutor(progress=True, desc="quickstart")
     sections = []
 
@@ -70,7 +70,7 @@ def run_quickstart(out: str | Path, *, device: torch.device, seed: int = 0, fast
 
     logger.info("linear-memory singular-value spectra")
     sp = ex.run_spectrum(ex.SpectrumConfig(d=24 if fast else 32, alpha=0.7, seeds=2 if fast else 3,
-                                           train=TrainConfig(early_stop=False, max_steps=300 if fast else 600)),
+                                           train=MemoryTrainConfig(early_stop=False, steps=300 if fast else 600)),
                          out / "memory_spectrum", device=device, seed=seed)
     sections.append(Section(
         "Spectra of W", "Singular values normalised to unit mean square against the quarter-circle law; KS distances.",
@@ -139,7 +139,7 @@ def probe_sections(out: Path, *, device: torch.device, seed: int = 0, fast: bool
     t = time.time()
     rows = []
     for kind in (("construct",) if fast else ("construct", "trained")):
-        r = quick(128, 4, model=kind, seed=seed)
+        r = quick(128, 4, model=kind, seed=seed, device=device)
         rows.append(r)
     write_json_atomic(out / "probes_quick.json", rows)
     table = [{"model": r["model"], "train accuracy": r["train_accuracy"], "superposition R^2 (held-out)": r["r2_heldout"],

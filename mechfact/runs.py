@@ -1,4 +1,4 @@
-"""Run directories: config.json first, then result.json, meta.json and figures.
+"""Run directories: config.json first, then result.json, meta.json and figures; the cache folder.
 
 Every file is written atomically (temp file + ``os.replace``) so an
 interrupted run never leaves a half-written JSON behind. ``result.json`` holds
@@ -85,6 +85,11 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(f)
 
 
+def cache_dir() -> Path:
+    """Root of mechfact's caches (converted models, hidden states): ``$MECHFACT_CACHE`` or ``~/.cache/mechfact``."""
+    return Path(os.environ.get("MECHFACT_CACHE") or Path.home() / ".cache" / "mechfact")
+
+
 def git_sha() -> str | None:
     """The git SHA of the mechfact source tree, if it is a checkout."""
     here = Path(__file__).resolve().parent
@@ -129,33 +134,44 @@ def _same_config(old: Any, new: Any) -> bool:
 
 
 class RunDir:
-    """A run directory with the standard files.
+    """A run directory with the standard files and ONE config.json layout.
 
-    ``config.json`` is written on creation (or checked against the existing one
-    when resuming); ``finish`` writes ``result.json`` and ``meta.json``.
+    ``config.json`` is ``{"kind", "config", "seed", **identity}`` (``identity``:
+    what else defines the result, e.g. the pretrained model's ``model_id``); it is
+    written on creation, or checked against the existing one when resuming.
+    ``finish`` writes ``result.json``, draws the figure from it and writes
+    ``meta.json``.
     """
 
-    def __init__(self, out: str | os.PathLike, config: Any, *, kind: str, seed: int, device: str):
+    def __init__(self, out: str | os.PathLike, config: Any, *, kind: str, seed: int, device: str,
+                 **identity: Any):
         self.path = check_writable(out)
         self.kind = kind
         self.seed = seed
         self.device = device
         self.t0 = time.time()
-        cfg = _jsonable(config)
         cfg_file = self.path / "config.json"
-        self.config = {"kind": kind, **cfg}
+        self.config = _jsonable({"kind": kind, "config": config, "seed": seed, **identity})
         if cfg_file.exists():
             old = read_json(cfg_file)
             if not _same_config(old, self.config):
-                raise ValueError(
-                    f"--out {self.path}: holds a run with a different config; use another --out or delete it "
-                    f"(differs in: {', '.join(sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k)))})"
-                )
+                keys = sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k))
+                if keys == ["config"] and isinstance(old.get("config"), dict):
+                    new = self.config["config"]
+                    keys = [f"config.{k}" for k in sorted(set(old["config"]) | set(new))
+                            if old["config"].get(k) != new.get(k)]
+                raise ValueError(f"--out {self.path}: holds a run with a different config; use another --out or "
+                                 f"delete it (differs in: {', '.join(keys)})")
         else:
             write_json_atomic(cfg_file, self.config)
 
     def file(self, name: str) -> Path:
         return self.path / name
+
+    def read_result(self, empty: Any) -> Any:
+        """The partial ``result.json`` of an interrupted run, or ``empty`` for a fresh one."""
+        f = self.path / "result.json"
+        return read_json(f) if f.exists() else empty
 
     def write_result(self, result: Any) -> None:
         write_json_atomic(self.path / "result.json", result)
@@ -173,11 +189,17 @@ class RunDir:
         }
         write_json_atomic(self.path / "meta.json", meta)
 
-    def finish(self, result: Any, draw: Callable[[Any, Path], Any] | None = None, fig: str | None = None,
+    def finish(self, result: Any, plot: Callable[[Any, Path], Any] | None = None, fig: str | None = None,
                **meta: Any) -> Any:
-        """Write result.json, draw ``fig`` from it with ``draw(result, path)``, then meta.json."""
+        """Write result.json, draw ``fig`` from it with ``plot(result, path)``, then meta.json.
+
+        A figure that fails to draw is logged, never allowed to lose the result.
+        """
         self.write_result(result)
-        if draw is not None and fig is not None:
-            draw(result, self.file(fig))
+        if plot is not None and fig is not None:
+            try:
+                plot(result, self.file(fig))
+            except Exception as exc:  # noqa: BLE001 - a figure must never lose a result
+                logger.warning("figure %s failed: %s", fig, exc)
         self.write_meta(**meta)
         return result

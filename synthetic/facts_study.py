@@ -92,11 +92,11 @@ def summarize(out: Path) -> None:
 def _figure(out: Path, rows) -> None:
     import numpy as np
 
-    from mechfact.plotting import plt, save
+    from mechfact.plotting import save, subplots
 
     series = (("N256_cos_2k", "o", "N = 256, m = 64"), ("N1024_R", "s", "N = 1024, m = 64"),
               ("N4096_R", "D", "N = 4096, m = 64"), ("N64_m16", "^", "N = 64, m = 16 (800 steps)"))
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = subplots(figsize=(6.4, 4.4))
     fit_pts = []
     for name, marker, label in series:
         pts = sorted((t["r_log_n"], t["median_threshold"], t["relations"]) for n, t in rows

@@ -16,7 +16,7 @@ import torch
 
 from mechfact.device import resolve_device
 from mechfact.memory import experiments as ex
-from mechfact.memory.solvers import TrainConfig
+from mechfact.memory.solvers import MemoryTrainConfig
 
 PARTS = ("capacity", "scores", "spectrum", "rank", "all")
 
@@ -25,12 +25,12 @@ def active(d: list[int], problem: str) -> ex.CapacityConfig:
     """Budgeted active-set training (K = 32 strongest competitors, exact check every 20 steps)."""
     return ex.CapacityConfig(d=d, seeds=5, alpha_lo=0.7, alpha_hi=1.0, rel_tol=0.03,
                              solver=ex.SolverConfig(problem=problem,
-                                                    train=TrainConfig(max_steps=1500, patience=300, active_set=32)))
+                                                    train=MemoryTrainConfig(steps=1500, patience=300, active_set=32)))
 
 
 def configs() -> dict[str, object]:
     """The exact configurations behind the reported numbers."""
-    budget = TrainConfig(max_steps=1500, patience=300)  # cheaper budget that makes d = 128 feasible on 2 CPU cores
+    budget = MemoryTrainConfig(steps=1500, patience=300)  # cheaper budget that makes d = 128 feasible on 2 CPU cores
     return {
         "cap_hebb_op": ex.CapacityConfig(d=[24, 32, 48, 64, 128, 256], seeds=5, solver=ex.SolverConfig(method="hebb")),
         "cap_trained_op": ex.CapacityConfig(d=[24, 32, 48, 64], seeds=5, solver=ex.SolverConfig()),
@@ -48,9 +48,9 @@ def configs() -> dict[str, object]:
         "cap_trained_op_small": ex.CapacityConfig(d=[12, 16, 20], seeds=5, solver=ex.SolverConfig(),
                                                   alpha_lo=0.3, rel_tol=0.0),
         "scores": ex.ScoresConfig(d=64, alpha=0.5),
-        "spectrum": ex.SpectrumConfig(d=64, alpha=0.8, seeds=3, train=TrainConfig(early_stop=False, max_steps=1000)),
+        "spectrum": ex.SpectrumConfig(d=64, alpha=0.8, seeds=3, train=MemoryTrainConfig(early_stop=False, steps=1000)),
         "rank": ex.RankConfig(d=[16, 24], kappas=[0.25, 0.5, 0.75, 1.0], seeds=3, rel_tol=0.02,
-                              train=TrainConfig(max_steps=3000, patience=800)),
+                              train=MemoryTrainConfig(steps=3000, patience=800)),
     }
 
 

@@ -79,9 +79,9 @@ def plot_all(root: Path, path: Path) -> None:
     import numpy as np
 
     from mechfact.memory import theory
-    from mechfact.plotting import plt, save
+    from mechfact.plotting import save, subplots
 
-    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    fig, ax = subplots(figsize=(7.2, 4.6))
     for res_file in sorted(root.glob("cap_*/result.json")):
         r = json.loads(res_file.read_text())
         if not r["summary"]:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from mechfact.facts import hooks
+from mechfact import hooks
 from mechfact.facts.construct import (attribute_vectors, build_cot, build_single_hop, construction_d, cot_construction_d,
                                       min_block_size, superpose)
 from mechfact.facts.evaluate import evaluate, greedy_chain

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from mechfact.facts import hooks
+from mechfact import hooks
 from mechfact.facts.model import FactModel, FactModelConfig
 from mechfact.facts.train import loss_fn
 from mechfact.facts.world import FactWorld

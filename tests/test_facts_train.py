@@ -34,9 +34,11 @@ def test_minibatch_and_config_errors():
     model = FactModel(FactModelConfig(8, 2, d=8, mlp_width=16))
     res = train(model, world, TrainConfig(steps=3, batch_size=4, target_accuracy=None, eval_every=2))
     assert res["steps"] == 3 and [h["step"] for h in res["history"]] == [2, 3] and math.isfinite(res["loss"])
-    for bad, match in (({"lr": 0}, "lr=0"), ({"batch_size": 0}, "batch_size=0"),
-                       ({"target_accuracy": 1.5}, "target_accuracy=1.5"), ({"loss": "hinge"}, "loss='hinge'"),
-                       ({"l2": -1.0}, "l2=-1.0"), ({"target_logit": 0.0}, "target_logit=0.0")):
+    for bad, match in (({"lr": 0}, "--lr 0: must be > 0"), ({"batch_size": 0}, "--batch-size 0"),
+                       ({"target_accuracy": 1.5}, "--target-accuracy 1.5"), ({"loss": "hinge"}, "--loss hinge"),
+                       ({"l2": -1.0}, "--l2 -1.0"), ({"target_logit": 0.0}, "--target-logit 0.0"),
+                       ({"lr": float("nan")}, "--lr nan: must be a finite number"),
+                       ({"l2": float("inf")}, "--l2 inf: must be a finite number")):
         with pytest.raises(ValueError, match=match):
             TrainConfig(**bad)
     with pytest.raises(ValueError, match="unknown TrainConfig keys"):
@@ -142,3 +144,39 @@ def test_training_flushes_denormals():
     assert (torch.tensor([1e-39]) * 1.0).item() > 0.0  # a denormal float32 survives
     _fit()
     assert (torch.tensor([1e-39]) * 1.0).item() == 0.0  # ... and is flushed to zero after train()
+
+
+def test_freeze_keeps_tensors_and_restores_gradient_flags(one_thread):
+    """The one trainer's regime options: frozen tensors stay put, every requires_grad flag is as before."""
+    world = FactWorld(24, 2, seed=0)
+    model = FactModel(FactModelConfig(24, 2, d=16, mlp_width=32, seed=0))
+    U0 = model.W_U_ent.detach().clone()
+    E0 = model.W_E_ent.detach().clone()
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    res = train(model, world, TrainConfig(lr=3e-2, steps=150, eval_every=50, target_accuracy=None,
+                                          freeze=["W_U_ent"]))
+    assert torch.equal(model.W_U_ent, U0) and not torch.equal(model.W_E_ent, E0)
+    assert model.W_U_ent.grad is None
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+    assert [h["step"] for h in res["history"]] == [50, 100, 150]
+    assert res["accuracy"] == evaluate(model, world)["accuracy"] >= 0.9
+
+
+def test_l2_shrinks_only_the_named_tensors(one_thread):
+    world = FactWorld(24, 2, seed=0)
+    norms = {}
+    for name, cfg in (("none", {}), ("all", {"l2": 0.1}), ("emb", {"l2": 0.1, "l2_only": ["W_E_ent"]})):
+        model = FactModel(FactModelConfig(24, 2, d=16, mlp_width=32, seed=0))
+        train(model, world, TrainConfig(lr=3e-2, steps=100, eval_every=100, target_accuracy=None, **cfg))
+        norms[name] = (float(model.W_E_ent.detach().norm()), float(model.blocks[0].mlp.W_in.detach().norm()))
+    assert norms["all"][0] < 0.7 * norms["none"][0] and norms["all"][1] < 0.9 * norms["none"][1]
+    assert norms["emb"][0] < 0.7 * norms["none"][0]
+    assert norms["emb"][1] > 0.95 * norms["none"][1]  # the MLP is not penalised
+
+
+def test_freeze_names_are_checked():
+    world = FactWorld(8, 1, seed=0)
+    with pytest.raises(ValueError, match="unknown parameters.*W_U_ent"):
+        train(FactModel(FactModelConfig(8, 1, d=4, mlp_width=4)), world, TrainConfig(steps=1, freeze=["W_U"]))
+    with pytest.raises(ValueError, match="--l2-only"):
+        TrainConfig(freeze=["W_U_ent"], l2_only=["W_U_ent"])

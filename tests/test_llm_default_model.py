@@ -32,12 +32,11 @@ def test_default_model_is_converted_once_and_boots(lm):
 
 
 def test_default_model_knows_capitals_with_three_shots(lm):
-    from mechfact.llm.probe import relation_states, subset
+    from mechfact.llm.probe import ProbeConfig, relation_states
     from mechfact.llm.relations import load_relations
 
-    rel = subset(load_relations(names=["country_capital"])[0], 16)
-    rs = relation_states(lm, rel, layers=[lm.n_layers - 1], site="resid_post", position="subject_last", k_shot=3,
-                         template=0, seed=0, use_cache=False, progress=False)
+    rel = load_relations(names=["country_capital"])[0].subset(16)
+    rs = relation_states(lm, rel, ProbeConfig(k_shot=3, cache_states=False), layers=[lm.n_layers - 1], seed=0)
     assert rs.known.sum() >= 12, rs.known  # measured 51/60 on the whole relation
     france = rel.subjects.index("France") if "France" in rel.subjects else None
     if france is not None:

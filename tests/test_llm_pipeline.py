@@ -45,39 +45,45 @@ def test_subject_positions_point_at_the_subject(tiny, family):
         assert p.text.endswith("is") and (p.tokens[0] == lm.bos_id) == lm.prepend_bos
 
 
+def _states(lm, prompts, layers=None, site="resid_post", **kw):
+    """(layers, n, d) states at the subject's last token through the one collector, plus the next tokens."""
+    from mechfact import hooks
+    from mechfact.probes.queries import ProbeSet, Site, collect
+
+    n = len(prompts)
+    ps = ProbeSet.from_prompts(prompts, relations=[0] * n, objects=range(n), object_tokens=[0] * n, pad_id=lm.pad_id)
+    sites = [Site(hooks.layer_site(site, l), "subject") for l in (range(lm.n_layers) if layers is None else layers)]
+    acts = collect(lm, ps, sites, **kw)
+    return torch.stack([acts[s] for s in sites]), acts.next_token
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("padding", ["right", "left"])
 def test_batched_states_match_unbatched(tiny, family, padding, one_thread):
-    from mechfact.llm.extract import extract_states
-
     lm = tiny["models"][family]
     ps = _prompts(lm, tiny["relations"], k=3)
-    seqs, pos = [p.tokens for p in ps], [p.subject_last for p in ps]
-    assert len({len(s) for s in seqs}) > 1  # padding really happens
-    one = extract_states(lm, seqs, pos, batch_size=1, use_cache=False, progress=False)
-    many = extract_states(lm, seqs, pos, batch_size=5, padding=padding, use_cache=False, progress=False)
-    assert one.states.shape == (lm.n_layers, len(ps), lm.d_model)
-    assert torch.allclose(one.states, many.states, atol=1e-4, rtol=0)
-    assert torch.equal(one.next_token, many.next_token)
+    assert len({len(p.tokens) for p in ps}) > 1  # padding really happens
+    one, nxt1 = _states(lm, ps, batch_size=1)
+    many, nxt = _states(lm, ps, batch_size=5, padding=padding)
+    assert one.shape == (lm.n_layers, len(ps), lm.d_model)
+    assert torch.allclose(one, many, atol=1e-4, rtol=0)
+    assert torch.equal(nxt1, nxt)
 
 
 def test_state_cache_hit_returns_same_tensors_without_running(tiny, cache, monkeypatch, one_thread):
-    from mechfact.llm import extract
-
     lm = tiny["models"]["llama"]
     ps = _prompts(lm, tiny["relations"])
-    seqs, pos = [p.tokens for p in ps], [p.subject_last for p in ps]
-    a = extract.extract_states(lm, seqs, pos, layers=[0, 2], progress=False)
+    a, na = _states(lm, ps, layers=[0, 2], cache=True)
     assert len(list((cache / "states").glob("*.pt"))) == 1
 
     def boom(*a, **k):
         raise AssertionError("cache miss: the model ran")
 
-    monkeypatch.setattr(extract, "forward_batch", boom)
-    b = extract.extract_states(lm, seqs, pos, layers=[0, 2], progress=False)
-    assert torch.equal(a.states, b.states) and torch.equal(a.next_token, b.next_token)
+    monkeypatch.setattr(lm.bridge, "run_with_cache", boom)
+    b, nb = _states(lm, ps, layers=[0, 2], cache=True)
+    assert torch.equal(a, b) and torch.equal(na, nb)
     with pytest.raises(AssertionError, match="cache miss"):  # another site is another key
-        extract.extract_states(lm, seqs, pos, layers=[0, 2], site="resid_mid", progress=False)
+        _states(lm, ps, layers=[0, 2], site="resid_mid", cache=True)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -110,7 +116,7 @@ def test_whole_pipeline_probe_and_lre(tiny, family, cache, tmp_path, one_thread)
 
 @pytest.mark.parametrize("family", ["llama", "phi3"])
 def test_jacobian_matches_finite_differences(tiny, family, one_thread):
-    from mechfact.facts import hooks
+    from mechfact import hooks
     from mechfact.llm.lre import jacobian
 
     lm = tiny["models"][family]
@@ -153,8 +159,8 @@ def test_readout_finds_a_real_signal_and_not_a_shuffled_one():
     objs = [f"o{i % k}" for i in range(n)]
     means = rng.normal(size=(k, d)) * 2.0
     X = means[[i % k for i in range(n)]] + rng.normal(size=(n, d))
-    rel = Relation(name="syn", kind="many_to_one", prompt_templates=("{} is",), subjects=tuple(f"s{i}" for i in range(n)),
-                   objects=tuple(objs))
+    rel = Relation("syn", ["{} is"], [(f"s{i}", o) for i, o in enumerate(objs)])
+    assert rel.kind == "many_to_one"
     rs = RelationStates(relation=rel, prompts=[None] * n, states=torch.tensor(X, dtype=torch.float32)[None],
                         layers=[0], next_token=torch.zeros(n, dtype=torch.long), object_first=[0] * n,
                         known=np.ones(n, bool))
@@ -184,30 +190,41 @@ def test_probe_resumes_and_rejects_other_config(tiny, cache, tmp_path, one_threa
 
 def test_causal_edit_through_the_shared_patching_engine(tiny, one_thread):
     """Setting the subject state to its own value (through run_with_interventions) reproduces the clean answers."""
-    from mechfact.llm.extract import extract_states
     from mechfact.llm.lre import patched_predictions
 
     lm = tiny["models"]["phi3"]
     ps = _prompts(lm, tiny["relations"], k=2)
     idx = list(range(6))
     layer = lm.n_layers - 1
-    ex = extract_states(lm, [p.tokens for p in ps], [p.subject_last for p in ps], layers=[layer], use_cache=False,
-                        progress=False)
-    same = patched_predictions(lm, ps, idx, layer, ex.states[0, idx])
-    assert torch.equal(same, ex.next_token[idx])
+    states, nxt = _states(lm, ps, layers=[layer])
+    same = patched_predictions(lm, ps, idx, layer, states[0, idx])
+    assert torch.equal(same, nxt[idx])
 
 
-def test_load_probe_target_gives_the_shared_probes_a_probe_set(tiny, one_thread):
-    from mechfact.llm.extract import extract_states
-    from mechfact.llm.loading import load_probe_target
+def test_probe_set_gives_the_shared_probes_the_prompts(tiny, one_thread):
+    from mechfact.llm.prompts import probe_set
     from mechfact.probes.patching import run_with_interventions
 
-    path = str(tiny["root"] / "llama")
-    bridge, ps = load_probe_target(path, relations=tiny["relations"], k_shot=2)
-    assert len(ps) == 22 and ps.relation_ids == [0, 1]
     lm = tiny["models"]["llama"]
+    ps = probe_set(lm, tiny["relations"], k_shot=2)
+    assert len(ps) == 22 and ps.relation_ids == [0, 1] and ps.relation_names == ("tiny_capital", "tiny_colour")
     colour = _prompts(lm, tiny["relations"], k=2)  # tiny_colour is relation 1 (sorted by name)
-    ex = extract_states(lm, [p.tokens for p in colour], [p.subject_last for p in colour], layers=[0],
-                        use_cache=False, progress=False)
-    logits = run_with_interventions(bridge, ps.for_relation(1), [])
-    assert torch.equal(logits.argmax(-1), ex.next_token)
+    _, nxt = _states(lm, colour, layers=[0])
+    logits = run_with_interventions(lm, ps.for_relation(1), [])
+    assert torch.equal(logits.argmax(-1), nxt)
+
+
+def test_relation_in_memory_and_its_errors():
+    from mechfact.llm.relations import Relation
+
+    a = Relation("cap", "The capital of {} is", [("France", "Paris"), {"subject": "Japan", "object": "Tokyo"}])
+    assert a.kind == "one_to_one" and a.subjects == ("France", "Japan") and len(a) == 2
+    assert Relation(**{k: v for k, v in a.to_dict().items()}) == a
+    for bad, needle in ((dict(prompt_templates=["no slot"]), "exactly one '{}'"), (dict(samples=[]), "no samples"),
+                        (dict(samples=[("a", "b"), ("a", "c")]), "subjects must be unique"),
+                        (dict(samples=[("a", 3)]), "sample 0 must be"), (dict(kind="one_to_one",
+                         samples=[("a", "x"), ("b", "x")]), "objects repeat")):
+        kw = {"name": "r", "prompt_templates": ["{} is"], "samples": [("a", "b")], **bad}
+        with pytest.raises(ValueError, match=needle) as e:
+            Relation(**kw)
+        assert "relation 'r'" in str(e.value)

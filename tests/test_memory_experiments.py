@@ -9,7 +9,7 @@ import torch
 from mechfact.executor import LocalExecutor
 from mechfact.memory import experiments as ex
 from mechfact.memory import theory
-from mechfact.memory.solvers import TrainConfig
+from mechfact.memory.solvers import MemoryTrainConfig
 
 CPU = torch.device("cpu")
 REAL_SOLVE = ex.solve
@@ -47,7 +47,7 @@ def _count_solves(monkeypatch):
 
 def test_sweep_killed_half_way_resumes_without_recomputing(tmp_path, monkeypatch):
     cfg = ex.SweepConfig(d=[8, 10], alpha_min=0.1, alpha_max=1.0, points=3, seeds=2,
-                         solver=ex.SolverConfig(method="trained", train=TrainConfig(max_steps=300)))
+                         solver=ex.SolverConfig(method="trained", train=MemoryTrainConfig(steps=300)))
     out = tmp_path / "sweep"
     with pytest.raises(Killed):
         ex.run_sweep(cfg, out, device=CPU, executor=_StopAfter(2))
@@ -79,7 +79,7 @@ def test_sweep_points_schema(tmp_path):
 
 
 def test_capacity_result_is_deterministic_and_resumes(tmp_path, monkeypatch):
-    cfg = ex.CapacityConfig(d=[10], seeds=2, solver=ex.SolverConfig(train=TrainConfig(max_steps=800, patience=300)))
+    cfg = ex.CapacityConfig(d=[10], seeds=2, solver=ex.SolverConfig(train=MemoryTrainConfig(steps=800, patience=300)))
     ex.run_capacity(cfg, tmp_path / "a", device=CPU, executor=LocalExecutor(progress=False))
     ex.run_capacity(cfg, tmp_path / "b", device=CPU, executor=LocalExecutor(progress=False))
     a = (tmp_path / "a" / "result.json").read_bytes()
@@ -116,7 +116,7 @@ def test_capacity_mid_search_resume_uses_memo(tmp_path, monkeypatch):
 
 # ---- the paper's claims, at small scale ----------------------------------------------------
 
-FAST_TRAIN = TrainConfig(max_steps=2000, patience=300)
+FAST_TRAIN = MemoryTrainConfig(steps=2000, patience=300)
 
 
 def _capacity(tmp_path, name, d, seeds, **solver):
@@ -165,7 +165,7 @@ def test_fit_extrapolation_recovers_known_line():
 
 
 def test_spectrum_op_matches_dp_and_quarter_circle(tmp_path):
-    cfg = ex.SpectrumConfig(d=32, alpha=0.7, seeds=3, train=TrainConfig(early_stop=False, max_steps=400))
+    cfg = ex.SpectrumConfig(d=32, alpha=0.7, seeds=3, train=MemoryTrainConfig(early_stop=False, steps=400))
     res = ex.run_spectrum(cfg, tmp_path, device=CPU)
     assert res["accuracy"]["trained_original"] == 1.0 and res["accuracy"]["trained_decoupled"] == 1.0
     n = 3 * 32
@@ -180,8 +180,75 @@ def test_spectrum_op_matches_dp_and_quarter_circle(tmp_path):
 
 
 def test_rank_capacity_monotone_in_kappa(tmp_path):
-    cfg = ex.RankConfig(d=[16], kappas=[0.25, 0.5, 1.0], seeds=2, train=TrainConfig(max_steps=1500, patience=300), rel_tol=0.04)
+    cfg = ex.RankConfig(d=[16], kappas=[0.25, 0.5, 1.0], seeds=2, train=MemoryTrainConfig(steps=1500, patience=300), rel_tol=0.04)
     res = ex.run_rank(cfg, tmp_path, device=CPU, executor=LocalExecutor(progress=False))
     med = {s["kappa"]: s["alpha_c_median"] for s in res["summary"]}
     assert med[0.25] < med[0.5] < med[1.0]
     assert (tmp_path / "fig_rank.png").exists()
+
+
+# ---- configs: validated when built from Python, dict round-trip ----------------------------
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: ex.SweepConfig(d=[0]), "--d 0"),
+    (lambda: ex.SweepConfig(d=[16, -3]), "--d -3"),
+    (lambda: ex.SweepConfig(seeds=0), "--seeds 0"),
+    (lambda: ex.SweepConfig(alpha_min=1.0, alpha_max=0.5), "--alpha-min 1.0"),
+    (lambda: ex.SweepConfig(alpha_max=float("nan")), "--alpha-max nan"),
+    (lambda: ex.SweepConfig(points=1), "--points 1"),
+    (lambda: ex.CapacityConfig(rel_tol=0.7), "--rel-tol 0.7"),
+    (lambda: ex.CapacityConfig(alpha_hi=float("inf")), "--alpha-hi inf"),
+    (lambda: ex.SolverConfig(kappa=1.5), "kappa=1.5"),
+    (lambda: ex.SolverConfig(kappa=float("nan")), "--kappa nan"),
+    (lambda: ex.SolverConfig(method="separable", kappa=0.5), "--kappa 0.5"),
+    (lambda: ex.SolverConfig(method="magic"), "--method magic"),
+    (lambda: ex.SolverConfig(problem="shared"), "--problem shared"),
+    (lambda: ex.ScoresConfig(d=0), "--d 0"),
+    (lambda: ex.ScoresConfig(alpha=float("nan")), "--alpha nan"),
+    (lambda: ex.SpectrumConfig(seeds=0), "--seeds 0"),
+    (lambda: ex.RankConfig(kappas=[0.5, 0.0]), "kappa=0.0"),
+    (lambda: ex.RankConfig(kappas=[float("inf")]), "--kappas inf"),
+    (lambda: MemoryTrainConfig(steps=0), "--steps 0"),
+    (lambda: MemoryTrainConfig(lr=float("nan")), "--lr nan"),
+    (lambda: MemoryTrainConfig(lr=0.0), "--lr 0.0"),
+    (lambda: MemoryTrainConfig(loss="mse"), "--loss mse"),
+    (lambda: MemoryTrainConfig(patience=-1), "--patience -1"),
+    (lambda: MemoryTrainConfig(active_set=-2), "--active-set -2"),
+    (lambda: MemoryTrainConfig(refresh=0), "--refresh 0"),
+    (lambda: MemoryTrainConfig(init_scale=0.0), "--init-scale 0.0"),
+    (lambda: MemoryTrainConfig(margin=float("inf")), "--margin inf"),
+    (lambda: MemoryTrainConfig(dp_memory_gb=0), "--dp-memory-gb 0"),
+])
+def test_memory_configs_refuse_bad_values_from_python(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_memory_config_needs_a_memory_train_config():
+    from mechfact.facts.train import TrainConfig as FactsTrainConfig
+
+    with pytest.raises(ValueError, match="expected a MemoryTrainConfig"):
+        ex.SolverConfig(train=FactsTrainConfig())
+
+
+def test_capacity_config_dict_round_trip():
+    cfg = ex.CapacityConfig(d=[12, 16], seeds=2, rel_tol=0.03, alpha_lo=0.3,
+                            solver=ex.SolverConfig(method="separable", problem="decoupled",
+                                                   train=MemoryTrainConfig(steps=700, loss="hinge2", active_set=8)))
+    d = cfg.to_dict()
+    assert d["solver"]["train"]["steps"] == 700
+    back = ex.CapacityConfig.from_dict(json.loads(json.dumps(d)))
+    assert back == cfg
+    assert isinstance(back.solver, ex.SolverConfig) and isinstance(back.solver.train, MemoryTrainConfig)
+    with pytest.raises(ValueError, match="unknown MemoryTrainConfig keys"):
+        ex.CapacityConfig.from_dict({**d, "solver": {**d["solver"], "train": {"max_steps": 10}}})
+    with pytest.raises(ValueError, match="--steps 0"):  # a bad nested value is refused too
+        ex.CapacityConfig.from_dict({**d, "solver": {**d["solver"], "train": {"steps": 0}}})
+
+
+def test_run_dir_config_is_the_config_itself(tmp_path):
+    cfg = ex.SweepConfig(d=[8], alpha_min=0.1, alpha_max=0.6, points=2, seeds=1, solver=ex.SolverConfig(method="hebb"))
+    ex.run_sweep(cfg, tmp_path, device=CPU, seed=3, executor=LocalExecutor(progress=False))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["kind"] == "memory.sweep" and saved["seed"] == 3
+    assert ex.SweepConfig.from_dict(saved["config"]) == cfg

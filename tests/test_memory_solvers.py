@@ -66,7 +66,7 @@ def test_separable_never_below_trained(kind):
     outcomes = []
     for p in (25, 45, 60):
         pr = MemoryProblem(kind, d, p, 1)
-        tr = solvers.train([pr], cfg=solvers.TrainConfig(max_steps=2000, patience=500))
+        tr = solvers.train([pr], cfg=solvers.MemoryTrainConfig(steps=2000, patience=500))
         sep = solvers.separable(pr, tr.W[0])
         outcomes.append((tr.accuracy[0] == 1.0, sep.separable))
         if tr.accuracy[0] == 1.0:
@@ -96,6 +96,6 @@ def test_theory_numbers():
 @pytest.mark.parametrize("kind", ["original", "decoupled"])
 def test_active_set_training_reaches_perfect_recall_with_exact_check(kind):
     prs = [MemoryProblem(kind, 16, p, s) for s, p in [(0, 40), (1, 30)]]
-    out = solvers.train(prs, cfg=solvers.TrainConfig(active_set=8, refresh=5, max_steps=1500))
+    out = solvers.train(prs, cfg=solvers.MemoryTrainConfig(active_set=8, refresh=5, steps=1500))
     assert out.accuracy == [1.0, 1.0]  # re-checked on all competitors in float64
     assert all(st % 5 == 0 for st in out.steps)  # success is only declared at exact checks

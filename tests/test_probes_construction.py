@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from mechfact.facts import FactWorld, build_single_hop
-from mechfact.probes.experiments import superposition_of
-from mechfact.probes.fit import FitConfig
+from mechfact.probes.experiments import superposition
+from mechfact.facts import TrainConfig
 from mechfact.probes.patching import ablate_relation_units, relation_swap, selectivity
-from mechfact.probes.queries import from_world
+from mechfact.probes.queries import ProbeSet
 from mechfact.probes.readout import readout
 from mechfact.probes.swap import freeze_and_swap
 from mechfact.probes.weights import scores_and_spectra
@@ -29,7 +29,7 @@ def cons():
 
 def test_superposition_recovers_blocks(cons):
     model, world = cons
-    res = superposition_of(model, world, seed=0)
+    res = superposition(model, world, seed=0)
     assert res.r2_train > 0.99 and res.r2_heldout >= 0.95
     assert res.control_r2_heldout < 0.1  # unrelated permutations explain nothing
     ov = np.asarray(res.block_overlap)
@@ -41,7 +41,7 @@ def test_superposition_recovers_blocks(cons):
 
 def test_readout_heldout_subjects(cons):
     model, world = cons
-    res = readout(model, from_world(world), ["hook_embed@subject", "blocks.0.hook_resid_mid@last"])
+    res = readout(model, ProbeSet.from_world(world), ["hook_embed@subject", "blocks.0.hook_resid_mid@last"])
     for row in res.per_relation:
         assert row["kind"] == "vector" and row["accuracy"] >= 0.95, row
         assert row["control_accuracy"] <= 0.15 and row["chance"] == pytest.approx(1 / N)
@@ -49,14 +49,14 @@ def test_readout_heldout_subjects(cons):
 
 def test_relation_swap_moves_answer(cons):
     model, world = cons
-    sw = relation_swap(model, from_world(world), 1, 3)
+    sw = relation_swap(model, ProbeSet.from_world(world), 1, 3)
     assert sw.clean_accuracy == 1.0 and sw.moved_to_new >= 0.95 and sw.stayed_on_old <= 0.05
     assert sw.intervention["kind"] == "patch" and sw.intervention["position"] == "relation"
 
 
 def test_selector_ablation_breaks_only_that_relation(cons):
     model, world = cons
-    ps = from_world(world)
+    ps = ProbeSet.from_world(world)
     sel = selectivity(model, ps)
     assert np.mean(sel.index) > 0.99  # every construction unit fires for one relation only
     res = ablate_relation_units(model, ps, [1, 2, 3])
@@ -70,13 +70,13 @@ def test_selector_ablation_breaks_only_that_relation(cons):
 def test_relation_zero_survives_through_the_skip_path(cons):
     """Block 0 of the subject reaches the unembedding through the residual stream: by design."""
     model, world = cons
-    row = ablate_relation_units(model, from_world(world), [0]).per_relation[0]
+    row = ablate_relation_units(model, ProbeSet.from_world(world), [0]).per_relation[0]
     assert row["accuracy_on_relation"] >= 0.9
 
 
 def test_constructed_swap_zero_shot(cons):
     model, world = cons
-    res = freeze_and_swap(model, world, new_seed=5, retrain=FitConfig(steps=20, eval_every=10, lr=3e-2))
+    res = freeze_and_swap(model, world, new_seed=5, retrain=TrainConfig(steps=20, eval_every=10, lr=3e-2, target_accuracy=None))
     assert res.original_accuracy == 1.0
     assert res.zero_shot_accuracy >= 0.95 and res.zero_shot_control_accuracy <= 0.05
     assert res.reconstructed_accuracy == 1.0
@@ -87,7 +87,7 @@ def test_constructed_swap_zero_shot(cons):
 
 def test_scores_and_spectra(cons):
     model, world = cons
-    res = scores_and_spectra(model, from_world(world))
+    res = scores_and_spectra(model, ProbeSet.from_world(world))
     assert res.accuracy == 1.0 and res.z_margin_min > 0 and res.frac_target_above_evt > 0.9
     assert res.spectra["numerical_rank"]["W_in W_out"] == B  # the selector writes into one block
     assert np.asarray(res.gate_fraction).shape == (R, 2 * R * B)

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from mechfact.facts import FactModel, FactModelConfig, FactWorld, hooks
+from mechfact import hooks
+from mechfact.facts import FactModel, FactModelConfig, FactWorld
 from mechfact.probes.patching import Intervention, intervened_accuracy, relation_swap, run_with_interventions
-from mechfact.probes.queries import Site, collect, from_world
+from mechfact.probes.queries import ProbeSet, Site, collect
 from mechfact.probes.readout import readout
 
 
@@ -29,7 +30,7 @@ def test_intervention_is_data():
 
 def test_engine_semantics(tiny):
     model, world = tiny
-    ps = from_world(world)
+    ps = ProbeSet.from_world(world)
     clean = run_with_interventions(model, ps, [])
     assert torch.allclose(clean, model(ps.tokens)[:, 1], atol=1e-6)
     post = hooks.mlp_post(0)
@@ -53,16 +54,16 @@ def test_engine_semantics(tiny):
 
 def test_collect_reads_the_right_position(tiny):
     model, world = tiny
-    ps = from_world(world)
+    ps = ProbeSet.from_world(world)
     f = collect(model, ps, [Site(hooks.embed(), "subject"), Site(hooks.embed(), "last")])
     assert f[Site(hooks.embed(), "subject")].shape == (48, 8)
-    assert torch.allclose(torch.tensor(f[Site(hooks.embed(), "subject")][4]).float(), model.W_E_ent[1].detach())
-    assert torch.allclose(torch.tensor(f[Site(hooks.embed(), "last")][4]).float(), model.W_E_rel[1].detach())
+    assert torch.allclose(f[Site(hooks.embed(), "subject")][4], model.W_E_ent[1].detach())
+    assert torch.allclose(f[Site(hooks.embed(), "last")][4], model.W_E_rel[1].detach())
 
 
 def test_bad_input_names_what_exists(tiny):
     model, world = tiny
-    ps = from_world(world)
+    ps = ProbeSet.from_world(world)
     with pytest.raises(ValueError, match=r"unknown hook site.*blocks\.0\.mlp\.hook_post"):
         readout(model, ps, ["blocks.0.mlp.hook_nope@last"])
     with pytest.raises(ValueError, match=r"relation 7 is not in the queries; relations present: \[0, 1, 2\]"):
@@ -79,6 +80,6 @@ def test_bad_input_names_what_exists(tiny):
 
 def test_empty_unit_list_is_a_no_op(tiny):
     model, world = tiny
-    ps = from_world(world)
+    ps = ProbeSet.from_world(world)
     clean = run_with_interventions(model, ps, [])
     assert torch.allclose(run_with_interventions(model, ps, [Intervention(hooks.mlp_post(0), "zero", [])]), clean)

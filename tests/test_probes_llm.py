@@ -7,7 +7,7 @@ word-level tokenizer, saved to a temp folder and booted like a pretrained one.
 import pytest
 import torch
 
-from mechfact.facts import hooks
+from mechfact import hooks
 from mechfact.probes.patching import ablate_relation_units, relation_swap, run_with_interventions
 from mechfact.probes.queries import ProbeSet, Site, collect
 from mechfact.probes.readout import readout

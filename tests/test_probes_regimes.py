@@ -9,20 +9,21 @@ attribute vectors (held-out R^2 ~ 0.9). docs/results_probes.md.
 import pytest
 import torch
 
-from mechfact.facts import FactModel, FactModelConfig, FactWorld
-from mechfact.probes.experiments import superposition_of
-from mechfact.probes.fit import FitConfig, train_fact_model
+from mechfact.facts import FactModel, FactModelConfig, FactWorld, TrainConfig, train
+from mechfact.probes.experiments import superposition
+
+RETRAIN = dict(lr=1e-2, target_accuracy=None)
 
 
 @pytest.mark.slow
 def test_l2_regime_gives_superposition_plain_does_not(one_thread):
     world = FactWorld(128, 4, seed=0)
     r2 = {}
-    for name, cfg in (("plain", FitConfig(lr=1e-2, steps=1000, target_accuracy=1.0, eval_every=10)),
-                      ("l2", FitConfig(lr=1e-2, steps=1500, l2=1e-3, eval_every=500))):
+    for name, cfg in (("plain", TrainConfig(lr=1e-2, steps=1000, target_accuracy=1.0, eval_every=10)),
+                      ("l2", TrainConfig(lr=1e-2, steps=1500, l2=1e-3, eval_every=500, target_accuracy=None))):
         model = FactModel(FactModelConfig(128, 4, d=32, mlp_width=32, seed=0))
-        assert train_fact_model(model, world, cfg)[-1]["accuracy"] == 1.0
-        res = superposition_of(model, world)
+        assert train(model, world, cfg)["accuracy"] == 1.0
+        res = superposition(model, world)
         assert abs(res.control_r2_heldout) < 0.05
         r2[name] = res.r2_heldout
     assert r2["l2"] >= 0.85 and r2["plain"] <= 0.7, r2
@@ -41,10 +42,10 @@ def test_frozen_network_takes_new_facts_only_in_attribute_pool_worlds(one_thread
     for A in (None, 16):
         world = FactWorld(256, 4, seed=0, attributes=A)
         model = FactModel(FactModelConfig(256, 4, d=64, mlp_width=128, seed=0))
-        assert train_fact_model(model, world, FitConfig(lr=1e-2, steps=1000, target_accuracy=1.0,
-                                                        eval_every=10))[-1]["accuracy"] == 1.0
-        sw = freeze_and_swap(model, world, sfit=superposition_of(model, world).fit,
-                             retrain=FitConfig(lr=1e-2, steps=200, eval_every=50))
+        assert train(model, world, TrainConfig(lr=1e-2, steps=1000, target_accuracy=1.0,
+                                               eval_every=10))["accuracy"] == 1.0
+        sw = freeze_and_swap(model, world, sfit=superposition(model, world).fit,
+                             retrain=TrainConfig(steps=200, eval_every=50, **RETRAIN))
         assert sw.control_relearn_accuracy >= 0.99  # the frozen network always relearns its OWN facts
         res[A] = sw
     assert res[None].retrained_accuracy <= 0.8 and res[16].retrained_accuracy >= 0.95
@@ -61,18 +62,17 @@ def test_geometric_regime_meets_the_papers_bar_in_pool_worlds(one_thread):
     The default regime on the same world stays below it. Measured (N = 256, R = 4): geometric R^2 0.96,
     zero-shot 0.99 (control 0.07, chance 1/16); plain R^2 0.5, zero-shot 0.5.
     """
-    from mechfact.probes.regimes import REGIMES
+    from mechfact.facts.regimes import REGIMES
     from mechfact.probes.swap import freeze_and_swap
 
     world = FactWorld(256, 4, seed=0, attributes=16)
     out = {}
     for name in ("plain", "geometric"):
-        reg = REGIMES[name]
-        model = reg.build(256, 4, seed=0)
-        assert train_fact_model(model, world, reg.fit)[-1]["accuracy"] == 1.0
-        sup = superposition_of(model, world)
+        model, res = REGIMES[name].fit(world, seed=0)
+        assert res["accuracy"] == 1.0
+        sup = superposition(model, world)
         assert abs(sup.control_r2_heldout) < 0.05
-        sw = freeze_and_swap(model, world, sfit=sup.fit, retrain=FitConfig(lr=1e-2, steps=100, eval_every=50))
+        sw = freeze_and_swap(model, world, sfit=sup.fit, retrain=TrainConfig(steps=100, eval_every=50, **RETRAIN))
         assert sw.zero_shot_control_accuracy <= 2 * sw.chance
         out[name] = (sup.r2_heldout, sw.zero_shot_accuracy)
     assert out["geometric"][0] >= 0.9 and out["geometric"][1] >= 0.8, out

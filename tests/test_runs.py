@@ -7,10 +7,11 @@ from mechfact.runs import RunDir, write_json_atomic
 
 def test_config_written_first_and_checked_on_resume(tmp_path):
     RunDir(tmp_path, {"a": 1, "b": {"c": 2}}, kind="k", seed=0, device="cpu")
-    assert json.loads((tmp_path / "config.json").read_text()) == {"kind": "k", "a": 1, "b": {"c": 2}}
+    assert json.loads((tmp_path / "config.json").read_text()) == {"kind": "k", "config": {"a": 1, "b": {"c": 2}},
+                                                                   "seed": 0}
     RunDir(tmp_path, {"a": 1, "b": {"c": 2}}, kind="k", seed=0, device="cpu")  # same config: resumes
     RunDir(tmp_path, {"a": 1, "b": {"c": 2, "new_option": 0}}, kind="k", seed=0, device="cpu")  # added option
-    with pytest.raises(ValueError, match=r"different config.*differs in: a"):
+    with pytest.raises(ValueError, match=r"different config.*differs in: config.a"):
         RunDir(tmp_path, {"a": 2, "b": {"c": 2}}, kind="k", seed=0, device="cpu")
 
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import UsageError, common_args
-
-ATTENTION = ("uniform", "learned")
-EMBEDDINGS = ("trainable", "frozen", "frozen-input")
-SCHEDULES = ("constant", "cosine", "warmup-cosine")
-LOSSES = ("ce", "mse")
-ENTITY_INIT = ("normal", "zero")
+from ..cli import common_args
+from ..facts.experiments import SEARCHES
+from ..facts.model import ATTENTION, EMBEDDINGS, ENTITY_INIT
+from ..facts.train import LOSSES, SCHEDULES
 
 
 def _accuracy_or_none(text: str) -> float | None:
@@ -56,6 +53,16 @@ def _size_args(p: argparse.ArgumentParser, subjects: int, d: int, mlp_width: int
     p.add_argument("--mlp-width", type=int, default=mlp_width, help=f"MLP hidden units m (default {mlp_width})")
 
 
+def _seed_args(p: argparse.ArgumentParser, init: bool) -> None:
+    p.add_argument("--world-seed", type=int, default=None,
+                   help="seed of the facts (default: --seed)")
+    if init:
+        p.add_argument("--init-seed", type=int, default=None,
+                       help="seed of the model's initialisation (default: --seed; --seed also orders the batches)")
+    else:
+        p.set_defaults(init_seed=None)
+
+
 def register(sub) -> dict:
     fp = sub.add_parser("facts", help="synthetic facts and one-layer transformers (paper B)")
     fsub = fp.add_subparsers(dest="facts_cmd", required=True, parser_class=type(fp))
@@ -72,6 +79,7 @@ def register(sub) -> dict:
                    help="stop early at this accuracy; none = run every step (default 0.99)")
     _model_args(p)
     _optim_args(p, steps=5000, patience=0)
+    _seed_args(p, init=True)
     common_args(p)
 
     p = fsub.add_parser("construct", help="build the explicit construction (no training) as a run directory")
@@ -80,13 +88,14 @@ def register(sub) -> dict:
     p.add_argument("--d", type=int, default=None, help="residual width; default: the smallest reaching 99%%")
     p.add_argument("--hops", type=int, default=1)
     p.add_argument("--cot", action="store_true", help="the chain-of-thought construction (needed for k > 1)")
+    _seed_args(p, init=False)
     common_args(p)
 
     p = fsub.add_parser("capacity", help="smallest d (or MLP width) reaching 99%% per (N, R, regime)")
     p.add_argument("--subjects", type=int, nargs="+", default=[256], help="N values (default 256)")
     p.add_argument("--relations", type=int, nargs="+", default=[2, 4, 8], help="R values (default 2 4 8)")
     p.add_argument("--embeddings", nargs="+", default=["trainable"], choices=EMBEDDINGS)
-    p.add_argument("--search", default="d", choices=("d", "mlp-width"), help="what to search (default d)")
+    p.add_argument("--search", default="d", choices=SEARCHES, help="what to search (default d)")
     p.add_argument("--grid", type=int, nargs="+", default=None,
                    help="values searched, bisected (default 4 6 8 12 16 24 32 48 64 96 128 192 256)")
     p.add_argument("--d", type=int, default=64, help="fixed d when searching the MLP width (default 64)")
@@ -108,24 +117,6 @@ def register(sub) -> dict:
 def _train_cfg(a, target: float | None):
     from ..facts.train import TrainConfig
 
-    if a.steps < 1:
-        raise UsageError(f"--steps {a.steps}: must be at least 1")
-    if a.batch_size < 0:
-        raise UsageError(f"--batch-size {a.batch_size}: must be >= 0 (0 = full batch)")
-    if not a.lr > 0:
-        raise UsageError(f"--lr {a.lr}: must be positive")
-    if not a.weight_decay >= 0:
-        raise UsageError(f"--weight-decay {a.weight_decay}: must be >= 0")
-    if not a.l2 >= 0:
-        raise UsageError(f"--l2 {a.l2}: must be >= 0")
-    if not a.target_logit > 0:
-        raise UsageError(f"--target-logit {a.target_logit}: must be positive")
-    if a.patience < 0:
-        raise UsageError(f"--patience {a.patience}: must be >= 0")
-    if a.eval_every < 1:
-        raise UsageError(f"--eval-every {a.eval_every}: must be at least 1")
-    if target is not None and not 0 < target <= 1:
-        raise UsageError(f"--target-accuracy {target}: must lie in (0, 1]")
     return TrainConfig(lr=a.lr, steps=a.steps, batch_size=a.batch_size or None, target_accuracy=target,
                        eval_every=a.eval_every, weight_decay=a.weight_decay, schedule=a.schedule, patience=a.patience,
                        loss=a.loss, target_logit=a.target_logit, l2=a.l2)
@@ -145,12 +136,13 @@ def _run(a) -> None:
     if a.facts_cmd == "train":
         cfg = ex.FactsTrainConfig(subjects=a.subjects, relations=a.relations, d=a.d, mlp_width=a.mlp_width, hops=a.hops,
                                   cot=a.cot, attributes=a.attributes, model=_spec(a, a.embeddings),
-                                  train=_train_cfg(a, a.target_accuracy))
-        cfg.validate()
+                                  train=_train_cfg(a, a.target_accuracy), world_seed=a.world_seed,
+                                  init_seed=a.init_seed)
         res = ex.run_train(cfg, a.out, device=dev, seed=seed, progress=not a.quiet)
         print(f"accuracy {res['accuracy']:.4f} after {res['steps']} steps ({res['stopped']})")
     elif a.facts_cmd == "construct":
-        cfg = ex.ConstructConfig(subjects=a.subjects, relations=a.relations, d=a.d, hops=a.hops, cot=a.cot)
+        cfg = ex.ConstructConfig(subjects=a.subjects, relations=a.relations, d=a.d, hops=a.hops, cot=a.cot,
+                                 world_seed=a.world_seed)
         res = ex.run_construct(cfg, a.out, device=dev, seed=seed)
         print(f"construction d={res['d']} (block size {res['block_size']}): accuracy {res['accuracy']:.4f}")
     elif a.facts_cmd == "capacity":

@@ -1,10 +1,13 @@
-"""``mechfact llm probe|lre``: relational linearity in pretrained LLMs (light module; heavy imports in handlers)."""
+"""``mechfact llm probe|lre``: relational linearity in pretrained LLMs; the LLM options of ``mechfact probe`` too."""
 
 from __future__ import annotations
 
 import argparse
 
-from mechfact.cli import UsageError, common_args
+from ..cli import UsageError, common_args
+from ..llm.loading import DTYPES
+from ..llm.probe import POSITIONS, SITES
+from ..probes.queries import PADDING
 
 
 def _layers(text: str) -> list[int] | None:
@@ -27,18 +30,35 @@ def _layers(text: str) -> list[int] | None:
     return out
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default",
-                   help="hub name, local HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--relations", default=None,
-                   help="relation JSON file or folder of them (default: the shipped dataset)")
+def prompt_args(p: argparse.ArgumentParser) -> None:
+    """The prompt options every command on a pretrained model shares (``mechfact llm ...``, ``mechfact probe ...``)."""
     p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     p.add_argument("--k-shot", type=int, default=3, help="in-context examples per prompt (default 3)")
     p.add_argument("--template", type=int, default=0, help="prompt template index per relation (default 0)")
     p.add_argument("--max-samples", type=int, default=None, help="N evenly spaced samples per relation (default all)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-state-cache", action="store_true", help="do not read/write the hidden-state disk cache")
+
+
+def readout_args(p: argparse.ArgumentParser) -> None:
+    """The options of the layer-wise readout (``mechfact llm probe``; ``mechfact probe readout`` on an LLM)."""
+    p.add_argument("--layers", default="all", help="'all' or e.g. 0,4,8-12 (default all)")
+    p.add_argument("--site", default="resid_post", choices=SITES)
+    p.add_argument("--position", default="subject_last", choices=POSITIONS, help="subject_last = subject")
+    p.add_argument("--known-tokens", type=int, default=1, help="a fact is known if the greedy next tokens match "
+                   "the object's first N tokens (default 1)")
+    p.add_argument("--readout-on", default="all", choices=("all", "known"), help="facts used by the readout (default all)")
+    p.add_argument("--splits", type=int, default=3, help="random held-out splits averaged (default 3)")
+    p.add_argument("--padding", default="right", choices=PADDING)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="hub name, local HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--relations", default=None,
+                   help="relation JSON file or folder of them (default: the shipped dataset)")
+    prompt_args(p)
 
 
 def register(subparsers) -> dict:
@@ -47,14 +67,7 @@ def register(subparsers) -> dict:
 
     p = sub.add_parser("probe", help="layer-wise linear readout of the object from the subject state")
     _model_args(p)
-    p.add_argument("--layers", default="all", help="'all' or e.g. 0,4,8-12 (default all)")
-    p.add_argument("--site", default="resid_post", choices=("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"))
-    p.add_argument("--position", default="subject_last", choices=("subject_last", "subject_first", "last"))
-    p.add_argument("--known-tokens", type=int, default=1, help="a fact is known if the greedy next tokens match "
-                   "the object's first N tokens (default 1)")
-    p.add_argument("--readout-on", default="all", choices=("all", "known"), help="facts used by the readout (default all)")
-    p.add_argument("--splits", type=int, default=3, help="random held-out splits averaged (default 3)")
-    p.add_argument("--padding", default="right", choices=("right", "left"))
+    readout_args(p)
     common_args(p)
 
     p = sub.add_parser("lre", help="linear relational embeddings: faithfulness and causality")
@@ -71,20 +84,31 @@ def register(subparsers) -> dict:
     return {"llm": _run_llm}
 
 
-def _run_llm(a) -> None:
-    from mechfact.llm import lre as L
-    from mechfact.llm import probe as P
+def prompt_options(a) -> dict:
+    """The :func:`mechfact.llm.prompts.probe_set` / config options of ``prompt_args``."""
+    return dict(relation_names=a.relation_names, dtype=a.dtype, k_shot=a.k_shot, template=a.template,
+                max_samples=a.max_samples, batch_size=a.batch_size, cache_states=not a.no_state_cache)
 
-    common = dict(model=a.model, relations=a.relations, relation_names=a.relation_names, dtype=a.dtype,
-                  k_shot=a.k_shot, template=a.template, max_samples=a.max_samples, batch_size=a.batch_size,
-                  cache_states=not a.no_state_cache)
+
+def probe_config(a, model: str, relations: str | None):
+    """The ProbeConfig of ``mechfact llm probe`` (and of ``mechfact probe readout`` on a pretrained model)."""
+    from ..llm.probe import ProbeConfig
+
+    return ProbeConfig(model=model, relations=relations, layers=_layers(a.layers), site=a.site, position=a.position,
+                       known_tokens=a.known_tokens, readout_on=a.readout_on, n_splits=a.splits, padding=a.padding,
+                       **prompt_options(a))
+
+
+def _run_llm(a) -> None:
+    from ..llm import lre as L
+    from ..llm import probe as P
+
     progress = not a.quiet
     if a.llm_sub == "probe":
-        cfg = P.ProbeConfig(layers=_layers(a.layers), site=a.site, position=a.position, known_tokens=a.known_tokens,
-                            readout_on=a.readout_on, n_splits=a.splits, padding=a.padding, **common)
-        P.run_llm_probe(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
+        P.run_llm_probe(probe_config(a, a.model, a.relations), a.out, device=a.device_obj, seed=a.seed,
+                        progress=progress)
     else:
-        cfg = L.LreConfig(layer=a.layer, beta=a.beta, rank=a.rank, n_train=a.n_train, facts=a.facts,
-                          max_test=a.max_test, **common)
+        cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, beta=a.beta, rank=a.rank,
+                          n_train=a.n_train, facts=a.facts, max_test=a.max_test, **prompt_options(a))
         L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
     print(f"results written to {a.out}")

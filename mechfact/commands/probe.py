@@ -1,57 +1,75 @@
-"""``mechfact probe readout|superposition|intervene|swap|scores --model RUN_DIR --out DIR``.
+"""``mechfact probe readout|superposition|intervene|swap|scores --model MODEL --out DIR``.
 
-Import-light: the probes are imported inside the handler.
+``--model`` is a fact-model run directory (``mechfact facts train|construct``) or a pretrained model (hub name,
+local Hugging Face folder, ``.gguf`` file, ``default``). On a pretrained model ``--relations`` is a relation
+file or folder and the prompt options of ``mechfact llm`` apply; ``readout`` then runs the layer-wise readout
+of ``mechfact llm probe`` (same code, same numbers). ``superposition`` and ``swap`` need a fact world.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from ..cli import UsageError, common_args
+from ..probes.experiments import InterveneConfig
+from .llm import _layers, prompt_args, prompt_options, readout_args
+
 PROBES = ("readout", "superposition", "intervene", "swap", "scores")
 
 
-def _int_list(text: str) -> list[int]:
+def _relation_ids(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+        raise UsageError(f"--relations {text}: expected comma-separated integers (relation ids of a fact model; "
+                         "a relation file or folder goes with a pretrained --model)") from None
 
 
 def register(subparsers) -> dict:
-    from mechfact.cli import UsageError, common_args  # noqa: F401  (UsageError used by the handler)
-
     pr = subparsers.add_parser("probe", help="mechanistic probes on a fact run dir or a pretrained model")
     psub = pr.add_subparsers(dest="probe_kind", required=True, parser_class=type(pr))
 
-    def model_arg(p):
+    def model_arg(p, pretrained: bool = True):
         p.add_argument("--model", required=True,
-                       help="run directory of `mechfact facts train|construct` (or a pretrained model name)")
+                       help="run directory of `mechfact facts train|construct`"
+                            + (", or a pretrained model: hub name, local HF folder, .gguf file, default"
+                               if pretrained else " (needs a fact world)"))
+        if pretrained:
+            p.add_argument("--relations", default=None,
+                           help="fact model: comma-separated relation ids (default all); pretrained model: a "
+                                "relation JSON file or folder (default: the shipped dataset)")
 
-    p = psub.add_parser("readout", help="linear readouts per relation and hook site on held-out subjects")
+    p = psub.add_parser("readout", help="linear readouts per relation and hook site (fact model) or per layer (LLM)")
     model_arg(p)
     p.add_argument("--sites", nargs="+", default=None,
-                   help="HOOK@subject|last (default: embed@subject, resid_mid, mlp_post, resid_post @last)")
-    p.add_argument("--relations", type=_int_list, default=None, help="comma-separated relation ids (default all)")
-    p.add_argument("--kind", default="auto", choices=("auto", "vector", "classifier"))
+                   help="fact model: HOOK@POSITION (default: embed@subject, resid_mid, mlp_post, resid_post @last)")
+    p.add_argument("--kind", default="auto", choices=("auto", "vector", "classifier"), help="fact model (default auto)")
     p.add_argument("--heldout", type=float, default=0.25, help="share of subjects held out (default 0.25)")
-    p.add_argument("--alpha", type=float, default=1.0, help="ridge strength of vector readouts (default 1)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="ridge strength of vector readouts (default 1 for fact models, 10 for LLMs)")
+    prompt_args(p)
+    readout_args(p)
     common_args(p)
 
     p = psub.add_parser("superposition", help="regress subject embeddings on their attribute vectors")
-    model_arg(p)
+    model_arg(p, pretrained=False)
     p.add_argument("--heldout", type=float, default=0.2, help="share of subjects held out (default 0.2)")
     common_args(p)
 
     p = psub.add_parser("intervene", help="selector-unit ablation, relation selectivity, relation-token swaps")
     model_arg(p)
-    p.add_argument("--relations", type=_int_list, default=None, help="relations to ablate (default all)")
-    p.add_argument("--site", default="blocks.0.mlp.hook_post", help="hook of the units (default blocks.0.mlp.hook_post)")
+    p.add_argument("--site", default=None, help="hook of the units (default blocks.LAYER.mlp.hook_post)")
+    p.add_argument("--layer", type=int, default=None, help="block of the default site (default 0; LLM: middle)")
     p.add_argument("--units", type=int, default=None, help="units per relation (default: all that prefer it)")
     p.add_argument("--ablation", default="zero", choices=("zero", "mean"))
+    p.add_argument("--relation-ids", default=None, help="pretrained model: relation ids to ablate (default all)")
+    prompt_args(p)
     common_args(p)
 
     p = psub.add_parser("swap", help="freeze-and-swap: new bijections, zero-shot and retrained embeddings")
-    model_arg(p)
+    model_arg(p, pretrained=False)
     p.add_argument("--new-seed", type=int, default=1, help="seed of the new bijections (default 1)")
     p.add_argument("--steps", type=int, default=300, help="retraining steps (default 300)")
     p.add_argument("--lr", type=float, default=1e-2, help="retraining Adam lr (default 1e-2)")
@@ -59,40 +77,48 @@ def register(subparsers) -> dict:
 
     p = psub.add_parser("scores", help="target vs competitor logits (EVT line) and spectra of effective maps")
     model_arg(p)
+    p.add_argument("--layer", type=int, default=None, help="MLP block analysed (default 0; LLM: middle)")
+    prompt_args(p)
     common_args(p)
     return {"probe": _run}
 
 
 def _run(a) -> None:
-    from mechfact.cli import UsageError
-    from mechfact.probes import experiments as ex
-    from mechfact.probes.fit import FitConfig
+    from ..facts.train import TrainConfig
+    from ..llm.probe import run_llm_probe
+    from ..probes import experiments as ex
 
     kw = {"device": a.device_obj, "seed": a.seed}
+    fact = ex.is_fact_run(a.model)
+    relations = getattr(a, "relations", None)
+    if not fact and a.probe_kind in ("superposition", "swap"):
+        ex.load_target(a.model, a.device_obj)  # a clear error for a missing path
+        raise UsageError(f"probe {a.probe_kind} needs a synthetic fact model (world.json); --model {a.model} is "
+                         "a pretrained model")
+    prompts = {} if fact else {"relations": relations, **prompt_options(a)}
+    prompts.pop("batch_size", None), prompts.pop("cache_states", None)
     if a.probe_kind == "readout":
-        if not 0 < a.heldout < 1:
-            raise UsageError(f"--heldout {a.heldout}: must lie in (0, 1)")
-        cfg = ex.ReadoutConfig(relations=a.relations, kind=a.kind, heldout_fraction=a.heldout, alpha=a.alpha)
-        if a.sites:
-            from mechfact.probes.queries import Site
+        if fact:
+            cfg = ex.ReadoutConfig(relations=_relation_ids(relations), kind=a.kind, heldout_fraction=a.heldout,
+                                   alpha=1.0 if a.alpha is None else a.alpha,
+                                   **({"sites": a.sites} if a.sites else {}))
+            ex.run_readout(a.model, cfg, a.out, **kw)
+        else:
+            from .llm import probe_config
 
-            cfg.sites = [str(Site.parse(s)) for s in a.sites]
-        ex.run_readout(a.model, cfg, a.out, **kw)
+            cfg = probe_config(a, a.model, relations)
+            cfg = type(cfg).from_dict({**cfg.to_dict(), "heldout_fraction": a.heldout,
+                                       **({} if a.alpha is None else {"alpha": a.alpha})})
+            run_llm_probe(cfg, a.out, progress=not a.quiet, kind="probe.readout", **kw)
     elif a.probe_kind == "superposition":
-        if not 0 < a.heldout < 1:
-            raise UsageError(f"--heldout {a.heldout}: must lie in (0, 1)")
         ex.run_superposition(a.model, ex.SuperpositionConfig(heldout_fraction=a.heldout), a.out, **kw)
     elif a.probe_kind == "intervene":
-        if a.units is not None and a.units < 1:
-            raise UsageError(f"--units {a.units}: must be at least 1")
-        ex.run_intervene(a.model, ex.InterveneConfig(relations=a.relations, site=a.site, n_units=a.units,
-                                                     kind=a.ablation), a.out, **kw)
+        ids = _relation_ids(relations) if fact else _relation_ids(a.relation_ids)
+        cfg = InterveneConfig(relations=ids, site=a.site, n_units=a.units, kind=a.ablation, layer=a.layer)
+        ex.run_intervene(a.model, cfg, a.out, **kw, **prompts)
     elif a.probe_kind == "swap":
-        if a.steps < 0 or a.lr <= 0:
-            raise UsageError(f"--steps {a.steps} / --lr {a.lr}: need steps >= 0 and lr > 0")
-        ex.run_swap(a.model, ex.SwapConfig(new_seed=a.new_seed, retrain=FitConfig(lr=a.lr, steps=a.steps,
-                                                                                 eval_every=max(1, a.steps // 12))),
-                    a.out, **kw)
+        retrain = TrainConfig(lr=a.lr, steps=a.steps, eval_every=max(1, a.steps // 12), target_accuracy=None)
+        ex.run_swap(a.model, ex.SwapConfig(new_seed=a.new_seed, retrain=retrain), a.out, **kw)
     else:
-        ex.run_scores(a.model, ex.ScoresConfig(), a.out, **kw)
+        ex.run_scores(a.model, ex.LogitScoresConfig(layer=a.layer), a.out, **kw, **prompts)
     print(f"results written to {a.out}")

@@ -1,11 +1,12 @@
-"""Geometric factual recall (paper B): fact worlds, one-layer models, constructions, training."""
+"""Geometric factual recall (paper B): fact worlds, one-layer models, constructions, the trainer, regimes."""
 
-from . import hooks
-from .construct import build_cot, build_single_hop, min_block_size
+from .construct import build_cot, build_single_hop, construct, min_block_size
 from .evaluate import evaluate, greedy_chain
-from .model import FactModel, FactModelConfig
+from .model import FactModel, FactModelConfig, build_fact_model
+from .regimes import REGIMES, Regime
 from .train import TrainConfig, train
 from .world import IGNORE, FactWorld, Queries
 
-__all__ = ["hooks", "FactWorld", "Queries", "IGNORE", "FactModel", "FactModelConfig", "evaluate", "greedy_chain",
-           "build_single_hop", "build_cot", "min_block_size", "TrainConfig", "train"]
+__all__ = ["FactWorld", "Queries", "IGNORE", "FactModel", "FactModelConfig", "build_fact_model", "evaluate",
+           "greedy_chain", "build_single_hop", "build_cot", "construct", "min_block_size", "TrainConfig", "train",
+           "Regime", "REGIMES"]

@@ -56,8 +56,8 @@ from .world import FactWorld
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["attribute_vectors", "superpose", "build_single_hop", "build_cot", "min_block_size", "scan_block_size",
-           "evaluate", "construction_d", "cot_construction_d"]
+__all__ = ["attribute_vectors", "superpose", "build_single_hop", "build_cot", "construct", "min_block_size",
+           "scan_block_size", "construction_d", "cot_construction_d", "construction_width", "block_size_for"]
 
 
 def construction_d(n_relations: int, block_size: int) -> int:
@@ -238,3 +238,52 @@ def min_block_size(n_entities: int, n_relations: int, *, target: float = 0.99, s
 
     b, _, res, _ = scan_block_size(score, target=target, start=start, max_block=max_block)
     return b, res
+
+
+def construction_width(n_relations: int, block_size: int, hops: int = 1, cot: bool = False) -> int:
+    """Residual width of the construction with block size ``block_size`` (CoT for ``cot``)."""
+    return cot_construction_d(n_relations, block_size, hops) if cot else construction_d(n_relations, block_size)
+
+
+def block_size_for(d: int, n_relations: int, hops: int = 1, cot: bool = False) -> int:
+    """The largest block size whose construction fits in width ``d`` (ValueError if none does)."""
+    lo = construction_width(n_relations, 1, hops, cot)
+    if d < lo:
+        raise ValueError(f"--d {d}: the construction needs d >= {lo} for R={n_relations}"
+                         + (f", k={hops}" if cot else ""))
+    b = 1
+    while construction_width(n_relations, b + 1, hops, cot) <= d:
+        b += 1
+    return b
+
+
+def construct(world: FactWorld, d: int | None = None, *, hops: int = 1, cot: bool = False,
+              target_accuracy: float = 0.99, seed: int = 0, device: str | torch.device = "cpu"
+              ) -> tuple[FactModel, dict]:
+    """The explicit construction for ``world``, evaluated: ``(model, info)``.
+
+    ``d`` given: the largest block size fitting in width ``d``; ``d=None``: the
+    smallest block size whose construction reaches ``target_accuracy``.
+    ``hops > 1`` needs ``cot=True`` (:func:`build_cot`); ``seed`` draws the
+    attribute vectors. ``info`` is :func:`evaluate` on the training queries plus
+    ``block_size``, ``d``, ``n_queries`` and ``scan`` (every block size tried).
+    """
+    if hops > 1 and not cot:
+        raise ValueError(f"--hops {hops} without --cot: the explicit multi-hop construction is the "
+                         "chain-of-thought one (direct k-hop answering has no compact construction)")
+    R = world.n_relations
+    queries = world.single_hop() if hops == 1 else world.k_hop(hops, cot=cot)
+
+    def score(b: int) -> tuple[FactModel, dict]:
+        model = build_cot(world, hops, b, seed=seed) if cot else build_single_hop(world, b, seed=seed)
+        return model, evaluate(model.to(device), world, queries)
+
+    scanned: list[dict] = []
+    if d is not None:
+        b = block_size_for(d, R, hops, cot)
+        model, res = score(b)
+    else:
+        b, model, res, scanned = scan_block_size(score, target=target_accuracy)
+        scanned = [{"block_size": s["block_size"], "d": construction_width(R, s["block_size"], hops, cot),
+                    "accuracy": s["accuracy"]} for s in scanned]
+    return model, {**res, "block_size": b, "d": model.cfg.d, "n_queries": len(queries), "scan": scanned}

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import DictConfig
+from ..config import DictConfig, check_choice, check_int
 from ..executor import Executor, Job, LocalExecutor
-from ..runs import RunDir, atomic_path, read_json
-from .construct import build_cot, build_single_hop, construction_d, cot_construction_d, scan_block_size
+from ..runs import RunDir, atomic_path
+from .construct import block_size_for, construct
 from .evaluate import evaluate
-from .model import ATTENTION, EMBEDDINGS, ENTITY_INIT, FactModel, FactModelConfig
+from .model import EMBEDDINGS, FactModel, FactModelConfig, build_fact_model
 from .runio import save_fact_run
 from .train import TrainConfig, train
 from .world import FactWorld, Queries
@@ -30,11 +30,6 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.pt"
 SEARCHES = ("d", "mlp-width")
-
-
-def _int_at_least(name: str, value, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"--{name} {value}: must be an integer >= {lo}")
 
 
 @dataclass
@@ -47,39 +42,31 @@ class ModelSpec(DictConfig):
     layer_norm: bool = False
     entity_init: str = "normal"  # normal | zero (entity input embeddings start at 0)
 
-    def validate(self) -> None:
-        if self.entity_init not in ENTITY_INIT:
-            raise ValueError(f"--entity-init {self.entity_init}: allowed {', '.join(ENTITY_INIT)}")
-        if self.attention not in ATTENTION:
-            raise ValueError(f"--attention {self.attention}: allowed {', '.join(ATTENTION)}")
-        if self.embeddings not in EMBEDDINGS:
-            raise ValueError(f"--embeddings {self.embeddings}: allowed {', '.join(EMBEDDINGS)}")
+    def __post_init__(self) -> None:
+        FactModelConfig(2, 1, **self.to_dict())  # the model config's own checks, once
+
+    def model_kwargs(self, embeddings: str | None = None) -> dict:
+        return {**self.to_dict(), **({"embeddings": embeddings} if embeddings else {})}
 
 
 def _check_hops(hops: int, attention: str) -> None:
-    _int_at_least("hops", hops, 1)
+    check_int("hops", hops, 1)
     if hops > 1 and attention == "uniform":
         raise ValueError(f"--hops {hops} with --attention uniform: a uniform average loses the ORDER of the "
                          "relations; use --attention learned (positions are added for k > 1)")
 
 
 def _check_world_and_size(cfg) -> None:
-    _int_at_least("subjects", cfg.subjects, 2)
-    _int_at_least("relations", cfg.relations, 1)
-    _int_at_least("d", cfg.d, 1)
-    _int_at_least("mlp-width", cfg.mlp_width, 1)
-    cfg.model.validate()
+    check_int("subjects", cfg.subjects, 2)
+    check_int("relations", cfg.relations, 1)
+    check_int("d", cfg.d, 1)
+    check_int("mlp_width", cfg.mlp_width, 1)
 
 
 def build_model(world: FactWorld, d: int, mlp_width: int, spec: ModelSpec, hops: int = 1, cot: bool = False,
                 seed: int = 0, embeddings: str | None = None) -> FactModel:
-    """A fresh FactModel for ``world``; k > 1 hops get learned positions for the query length."""
-    n_ctx = 0 if hops == 1 else (2 * hops if cot else hops + 1)
-    return FactModel(FactModelConfig(world.n_entities, world.n_relations, d=d, mlp_width=mlp_width,
-                                     attention=spec.attention, embeddings=embeddings or spec.embeddings,
-                                     tied=spec.tied, layer_norm=spec.layer_norm, entity_init=spec.entity_init,
-                                     n_special=world.n_special,
-                                     n_ctx=n_ctx, seed=seed))
+    """:func:`~mechfact.facts.model.build_fact_model` with the architecture of ``spec``."""
+    return build_fact_model(world, d, mlp_width, hops=hops, cot=cot, seed=seed, **spec.model_kwargs(embeddings))
 
 
 def training_queries(world: FactWorld, hops: int, cot: bool) -> Queries:
@@ -99,12 +86,13 @@ class FactsTrainConfig(DictConfig):
     attributes: int | None = None  # shared attribute pool size A < N; None = bijections (FactWorld)
     model: ModelSpec = field(default_factory=ModelSpec)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=5000, target_accuracy=0.99, eval_every=50))
+    world_seed: int | None = None  # seed of the facts (None: the run's --seed)
+    init_seed: int | None = None  # seed of the initialisation (None: the run's --seed); batches use --seed
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _check_world_and_size(self)
-        if self.attributes is not None and not (isinstance(self.attributes, int) and
-                                                2 <= self.attributes <= self.subjects):
-            raise ValueError(f"attributes={self.attributes}: must be an integer in 2..subjects={self.subjects}")
+        if self.attributes is not None:
+            check_int("attributes", self.attributes, 2, self.subjects)
         _check_hops(self.hops, self.model.attention)
         if self.cot and self.hops == 1:
             raise ValueError("--cot needs --hops >= 2 (a single hop has no intermediate entity)")
@@ -123,15 +111,16 @@ def _load_checkpoint(path: Path, model: FactModel) -> dict:
 
 
 def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, seed: int = 0,
-              progress: bool = True, checkpoint_every: int = 500, _after_checkpoint=None) -> dict:
+              progress: bool = False, checkpoint_every: int = 500, _after_checkpoint=None) -> dict:
     """``mechfact facts train``: train one model, checkpointing to ``out/checkpoint.pt``; resumes from it.
 
     ``_after_checkpoint(state)`` is a test hook called after each checkpoint is written.
     """
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="facts.train", seed=seed, device=str(device))
-    world = FactWorld(cfg.subjects, cfg.relations, seed, attributes=cfg.attributes)
-    model = build_model(world, cfg.d, cfg.mlp_width, cfg.model, cfg.hops, cfg.cot, seed=seed)
+    run = RunDir(out, cfg, kind="facts.train", seed=seed, device=str(device))
+    world = FactWorld(cfg.subjects, cfg.relations, seed if cfg.world_seed is None else cfg.world_seed,
+                      attributes=cfg.attributes)
+    model = build_model(world, cfg.d, cfg.mlp_width, cfg.model, cfg.hops, cfg.cot,
+                        seed=seed if cfg.init_seed is None else cfg.init_seed)
     queries = training_queries(world, cfg.hops, cfg.cot)
     tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})
     ckpt = run.file(CHECKPOINT_FILE)
@@ -154,13 +143,9 @@ def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, s
               "n_queries": len(queries), "trainable_parameters": n_params,
               **{k: res[k] for k in ("accuracy", "per_relation", "token_accuracy", "loss", "steps", "stopped")},
               "history": res["history"]}
-    return _finish(run, result, "plot_train", "fig_train.png")
+    from .plots import plot_train
 
-
-def _finish(run: RunDir, result: dict, plot: str, fig: str, **meta) -> dict:
-    from . import plots
-
-    return run.finish(result, getattr(plots, plot), fig, **meta)
+    return run.finish(result, plot_train, "fig_train.png")
 
 
 # ---- facts construct --------------------------------------------------------------------------------
@@ -173,63 +158,31 @@ class ConstructConfig(DictConfig):
     hops: int = 1
     cot: bool = False
     target_accuracy: float = 0.99
+    world_seed: int | None = None  # seed of the facts (None: the run's --seed)
 
-    def validate(self) -> None:
-        _int_at_least("subjects", self.subjects, 2)
-        _int_at_least("relations", self.relations, 1)
-        _int_at_least("hops", self.hops, 1)
+    def __post_init__(self) -> None:
+        check_int("subjects", self.subjects, 2)
+        check_int("relations", self.relations, 1)
+        check_int("hops", self.hops, 1)
         if self.d is not None:
-            _int_at_least("d", self.d, 1)
-            lo = self._d_of(1)
-            if self.d < lo:
-                raise ValueError(f"--d {self.d}: the construction needs d >= {lo} for R={self.relations}"
-                                 + (f", k={self.hops}" if self.cot else ""))
+            check_int("d", self.d, 1)
+            block_size_for(self.d, self.relations, self.hops, self.cot)
         if self.hops > 1 and not self.cot:
             raise ValueError(f"--hops {self.hops} without --cot: the explicit multi-hop construction is the "
                              "chain-of-thought one (direct k-hop answering has no compact construction)")
 
-    def _d_of(self, b: int) -> int:
-        return cot_construction_d(self.relations, b, self.hops) if self.cot else construction_d(self.relations, b)
-
-    def block_size_for(self, d: int) -> int:
-        """The largest block size b whose construction fits in width d."""
-        b = 1
-        while self._d_of(b + 1) <= d:
-            b += 1
-        return b
-
-
-def construct_model(world: FactWorld, cfg: ConstructConfig, b: int, seed: int) -> FactModel:
-    return build_cot(world, cfg.hops, b, seed=seed) if cfg.cot else build_single_hop(world, b, seed=seed)
-
 
 def run_construct(cfg: ConstructConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
     """``mechfact facts construct``: build the explicit construction, evaluate it, save it as a run directory."""
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="facts.construct", seed=seed, device=str(device))
-    world = FactWorld(cfg.subjects, cfg.relations, seed)
-    queries = training_queries(world, cfg.hops, cfg.cot)
-
-    def score(b: int):
-        model = construct_model(world, cfg, b, seed)
-        return model, evaluate(model.to(device), world, queries)
-
-    scanned = []
-    if cfg.d is not None:
-        b = cfg.block_size_for(cfg.d)
-        model, res = score(b)
-    else:  # smallest block size reaching the target
-        b, model, res, scanned = scan_block_size(score, target=cfg.target_accuracy)
-        scanned = [{"block_size": s["block_size"], "d": cfg._d_of(s["block_size"]), "accuracy": s["accuracy"]}
-                   for s in scanned]
+    run = RunDir(out, cfg, kind="facts.construct", seed=seed, device=str(device))
+    world = FactWorld(cfg.subjects, cfg.relations, seed if cfg.world_seed is None else cfg.world_seed)
+    model, info = construct(world, cfg.d, hops=cfg.hops, cot=cfg.cot, target_accuracy=cfg.target_accuracy,
+                            seed=seed, device=device)
     save_fact_run(run.path, model.cpu(), world)
     result = {"subjects": cfg.subjects, "relations": cfg.relations, "hops": cfg.hops, "cot": cfg.cot,
-              "d": model.cfg.d, "d_requested": cfg.d, "block_size": b, "mlp_width": model.cfg.mlp_width,
-              "accuracy": res["accuracy"], "per_relation": res["per_relation"],
-              "token_accuracy": res["token_accuracy"], "n_queries": len(queries), "scan": scanned}
-    run.write_result(result)
-    run.write_meta()
-    return result
+              "d": info["d"], "d_requested": cfg.d, "block_size": info["block_size"], "mlp_width": model.cfg.mlp_width,
+              **{k: info[k] for k in ("accuracy", "per_relation", "token_accuracy", "n_queries", "scan")}}
+    return run.finish(result)
 
 
 # ---- facts capacity ---------------------------------------------------------------------------------
@@ -249,24 +202,21 @@ class FactsCapacityConfig(DictConfig):
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=4000, target_accuracy=0.99,
                                                                    eval_every=50, patience=1500))
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for n in self.subjects:
-            _int_at_least("subjects", n, 2)
+            check_int("subjects", n, 2)
         for r in self.relations:
-            _int_at_least("relations", r, 1)
+            check_int("relations", r, 1)
         for e in self.embeddings:
-            if e not in EMBEDDINGS:
-                raise ValueError(f"--embeddings {e}: allowed {', '.join(EMBEDDINGS)}")
-        if self.search not in SEARCHES:
-            raise ValueError(f"--search {self.search}: allowed {', '.join(SEARCHES)}")
+            check_choice("embeddings", e, EMBEDDINGS)
+        check_choice("search", self.search, SEARCHES)
         if not self.grid or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.grid):
             raise ValueError(f"--grid {self.grid}: must be positive integers")
-        _int_at_least("d", self.d, 1)
-        _int_at_least("mlp-width", self.mlp_width, 1)
-        _int_at_least("seeds", self.seeds, 1)
+        check_int("d", self.d, 1)
+        check_int("mlp_width", self.mlp_width, 1)
+        check_int("seeds", self.seeds, 1)
         if not 0 < self.target_accuracy <= 1:
             raise ValueError(f"--target-accuracy {self.target_accuracy}: must lie in (0, 1]")
-        self.model.validate()
 
 
 def _eval_key(N: int, R: int, emb: str, d: int, m: int, seed: int) -> str:
@@ -340,10 +290,8 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
 def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
                        executor: Executor | None = None) -> dict:
     """``mechfact facts capacity``: thresholds per (N, R, embeddings, seed), written as they finish."""
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="facts.capacity", seed=seed, device=str(device))
-    res_file = run.file("result.json")
-    result = read_json(res_file) if res_file.exists() else {"thresholds": [], "evaluations": {}}
+    run = RunDir(out, cfg, kind="facts.capacity", seed=seed, device=str(device))
+    result = run.read_result({"thresholds": [], "evaluations": {}})
     memo = result.setdefault("evaluations", {})
     done = {(t["subjects"], t["relations"], t["embeddings"], t["seed"]) for t in result["thresholds"]}
     jobs = []
@@ -365,7 +313,9 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
 
     (executor or LocalExecutor(desc="facts capacity")).map(jobs, on_result)
     result["summary"] = summarise_thresholds(result["thresholds"])
-    return _finish(run, result, "plot_capacity", "fig_capacity.png", n_jobs_run=len(jobs))
+    from .plots import plot_capacity
+
+    return run.finish(result, plot_capacity, "fig_capacity.png", n_jobs_run=len(jobs))
 
 
 # ---- multi-hop: direct vs chain of thought ----------------------------------------------------------
@@ -381,7 +331,7 @@ class MultihopConfig(DictConfig):
     train: TrainConfig = field(default_factory=lambda: TrainConfig(lr=3e-2, schedule="warmup-cosine", steps=3000,
                                                                    target_accuracy=0.99, eval_every=50))
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _check_world_and_size(self)
         if not self.hops:
             raise ValueError("--hops: give at least one value")
@@ -391,10 +341,8 @@ class MultihopConfig(DictConfig):
 
 def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
     """``mechfact facts multihop``: same d, width and budget; direct vs CoT accuracy per k (all chains)."""
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="facts.multihop", seed=seed, device=str(device))
-    res_file = run.file("result.json")
-    result = read_json(res_file) if res_file.exists() else {"points": []}
+    run = RunDir(out, cfg, kind="facts.multihop", seed=seed, device=str(device))
+    result = run.read_result({"points": []})
     done = {(p["hops"], p["mode"]) for p in result["points"]}
     world = FactWorld(cfg.subjects, cfg.relations, seed)
     tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})
@@ -412,4 +360,6 @@ def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, 
             result["points"].sort(key=lambda p: (p["hops"], p["mode"]))
             run.write_result(result)
     result.update(subjects=cfg.subjects, relations=cfg.relations, d=cfg.d, mlp_width=cfg.mlp_width)
-    return _finish(run, result, "plot_multihop", "fig_multihop.png")
+    from .plots import plot_multihop
+
+    return run.finish(result, plot_multihop, "fig_multihop.png")

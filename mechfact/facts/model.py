@@ -1,7 +1,7 @@
 """A one-layer transformer for fact recall, hookable like a transformer-lens model.
 
 ``FactModel`` is a transformer-lens ``HookedRootModule``: its hook points carry
-the standard names (see :mod:`mechfact.facts.hooks`), so ``run_with_cache`` and
+the standard names (see :mod:`mechfact.hooks`), so ``run_with_cache`` and
 ``run_with_hooks`` work exactly as on a pretrained model::
 
     hook_embed                   (batch, pos, d)    token embeddings
@@ -289,3 +289,17 @@ class FactModel(HookedRootModule):
             raise ValueError(f"{source} does not match the config: missing {missing}, unexpected "
                              f"{unexpected}, shape mismatches {shapes}")
         self.load_state_dict(state)
+
+
+def build_fact_model(world, d: int = 32, mlp_width: int = 64, *, attention: str = "uniform",
+                     embeddings: str = "trainable", tied: bool = False, layer_norm: bool = False,
+                     entity_init: str = "normal", hops: int = 1, cot: bool = False, seed: int = 0) -> FactModel:
+    """A freshly initialised :class:`FactModel` for the vocabulary of ``world`` (a FactWorld).
+
+    ``seed`` is the INITIALISATION seed (independent of the world's seed). Queries of k > 1 hops get learned
+    positions for their length (``hops + 1`` direct, ``2 hops`` with chain of thought).
+    """
+    n_ctx = 0 if hops == 1 else (2 * hops if cot else hops + 1)
+    return FactModel(FactModelConfig(world.n_entities, world.n_relations, d=d, mlp_width=mlp_width,
+                                     attention=attention, embeddings=embeddings, tied=tied, layer_norm=layer_norm,
+                                     entity_init=entity_init, n_special=world.n_special, n_ctx=n_ctx, seed=seed))

@@ -6,14 +6,14 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..plotting import plt, save
+from ..plotting import save, subplots
 
 _COLORS = {"trainable": "tab:blue", "frozen": "tab:red", "frozen-input": "tab:orange"}
 
 
 def plot_train(result: dict, path) -> None:
     h = result["history"]
-    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    fig, ax = subplots(figsize=(6.0, 3.8))
     if h:
         steps = [r["step"] for r in h]
         ax.plot(steps, [r["accuracy"] for r in h], "-", color="tab:blue", label="accuracy (all training facts)")
@@ -35,7 +35,7 @@ def plot_capacity(result: dict, path) -> None:
     table = summary["table"]
     searched = result["thresholds"][0]["searched"] if result["thresholds"] else "d"
     xname, xlabel = ("r_log_n", r"$R \ln N$") if searched == "d" else ("n_facts", r"number of facts $N R$")
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = subplots(figsize=(6.4, 4.4))
     by_emb = defaultdict(list)
     for t in table:
         by_emb[t["embeddings"]].append(t)
@@ -70,7 +70,7 @@ def plot_capacity(result: dict, path) -> None:
 
 def plot_multihop(result: dict, path) -> None:
     pts = result["points"]
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    fig, ax = subplots(figsize=(5.6, 3.8))
     ks = sorted({p["hops"] for p in pts})
     for j, mode in enumerate(("direct", "cot")):
         acc = {p["hops"]: p["accuracy"] for p in pts if p["mode"] == mode}

@@ -5,20 +5,26 @@ accuracy, giving up after ``patience`` steps without a better accuracy, and
 checkpoint / resume: pass ``checkpoint=`` a callable that persists the state
 dict it receives (see :func:`train`); pass that state back as ``resume=`` and
 training continues bit-for-bit where it stopped (same device).
+
+It is THE trainer of :class:`~mechfact.facts.model.FactModel`: the training
+regimes (:mod:`mechfact.facts.regimes`) and the freeze-and-swap retraining
+(:mod:`mechfact.probes.swap`) use it too, through ``freeze`` (tensors kept at
+their current values), ``l2_only`` (where the coupled L2 applies) and the
+squared loss.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..config import DictConfig
+from ..config import DictConfig, bad, check_choice, check_float, check_int
 from ..device import flush_denormals, resolve_device
 from ..seeding import generator
 from .evaluate import check_compatible, evaluate, supervised_logits
@@ -48,30 +54,26 @@ class TrainConfig(DictConfig):
     loss: str = "ce"  # ce: cross-entropy | mse: squared error of the logits against target_logit * one-hot
     target_logit: float = 1.0  # the answer's target logit under loss="mse" (all others: 0)
     l2: float = 0.0  # coupled L2 penalty (l2 / 2) * sum ||theta||^2 on every trained tensor, added to the loss
+    freeze: list[str] = field(default_factory=list)  # parameter names kept at their current values
+    l2_only: list[str] = field(default_factory=list)  # the coupled L2 applies to these parameters only ([] = all trained)
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr}: must be positive")
-        if self.steps < 0:
-            raise ValueError(f"steps={self.steps}: must be >= 0")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size}: must be a positive integer or None (full batch)")
-        if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
-            raise ValueError(f"target_accuracy={self.target_accuracy}: must lie in (0, 1] or be None")
-        if self.eval_every < 1:
-            raise ValueError(f"eval_every={self.eval_every}: must be a positive integer")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay}: must be >= 0")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r}: allowed {SCHEDULES}")
-        if self.patience < 0:
-            raise ValueError(f"patience={self.patience}: must be >= 0 (0 = never give up)")
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss={self.loss!r}: allowed {LOSSES}")
-        if not self.target_logit > 0:
-            raise ValueError(f"target_logit={self.target_logit}: must be positive")
-        if not self.l2 >= 0:
-            raise ValueError(f"l2={self.l2}: must be >= 0")
+        check_float("lr", self.lr, lo=0, lo_open=True)
+        check_int("steps", self.steps, 0)
+        if self.batch_size is not None:
+            check_int("batch_size", self.batch_size, 1)
+        if self.target_accuracy is not None:
+            check_float("target_accuracy", self.target_accuracy, lo=0, hi=1, lo_open=True)
+        check_int("eval_every", self.eval_every, 1)
+        check_float("weight_decay", self.weight_decay, lo=0)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_int("patience", self.patience, 0)
+        check_choice("loss", self.loss, LOSSES)
+        check_float("target_logit", self.target_logit, lo=0, lo_open=True)
+        check_float("l2", self.l2, lo=0)
+        self.freeze, self.l2_only = list(self.freeze), list(self.l2_only)
+        if set(self.freeze) & set(self.l2_only):
+            raise bad("l2_only", self.l2_only, f"names frozen parameters {sorted(set(self.freeze) & set(self.l2_only))}")
 
     def lr_factor(self, step: int) -> float:
         """Multiplier of ``lr`` at optimisation step ``step`` (1-based)."""
@@ -102,7 +104,7 @@ def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor, loss:
 
 def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | torch.device = "cpu",
           queries: Queries | None = None, *, checkpoint: Callable[[dict], None] | None = None,
-          checkpoint_every: int = 500, resume: dict | None = None, progress: bool = True) -> dict:
+          checkpoint_every: int = 500, resume: dict | None = None, progress: bool = False) -> dict:
     """Fit ``model`` in place on ``queries`` (default: all single-hop facts).
 
     Returns ``accuracy``, ``per_relation``, ``token_accuracy`` (final, on the
@@ -114,7 +116,9 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
     an evaluation step) with ``{"step", "optimizer", "generator", "history",
     "best", "best_step"}``; the caller saves it together with the model weights.
     ``resume=state`` (with the model already holding the saved weights)
-    continues from there.
+    continues from there. ``cfg.freeze`` names parameters left untouched;
+    ``cfg.l2_only`` restricts the coupled L2 to the named parameters. Gradient
+    flags of the model are left as they were. ``progress`` shows a bar.
     """
     check_compatible(model, world)
     device = resolve_device(device) if isinstance(device, str) else device
@@ -123,7 +127,15 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
     model.to(device).train()
     tokens, targets = queries.tokens.to(device), queries.targets.to(device)
     n = len(queries)
-    params = [p for p in model.parameters() if p.requires_grad]
+    names = dict(model.named_parameters())
+    unknown = sorted((set(cfg.freeze) | set(cfg.l2_only)) - set(names))
+    if unknown:
+        raise ValueError(f"freeze / l2_only: unknown parameters {unknown}; the model has {sorted(names)}")
+    trained = [(n, p) for n, p in names.items() if p.requires_grad and n not in cfg.freeze]
+    params = [p for _, p in trained]
+    l2_params = [p for n, p in trained if n in cfg.l2_only] if cfg.l2_only else params
+    if not params:
+        raise ValueError("nothing to train: every parameter is frozen or has requires_grad=False")
     opt = (torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay) if cfg.weight_decay
            else torch.optim.Adam(params, lr=cfg.lr))
     g = generator(cfg.seed, "facts.train.batch")
@@ -140,39 +152,46 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
     last_ckpt = start
     bar = tqdm(range(start + 1, cfg.steps + 1), desc="train facts", leave=False,
                **({} if progress else {"disable": True}))
-    for step in bar if stopped == "budget" else ():
-        if cfg.batch_size is None or cfg.batch_size >= n:
-            bt, bg = tokens, targets
-        else:
-            idx = torch.randint(n, (cfg.batch_size,), generator=g).to(device)
-            bt, bg = tokens[idx], targets[idx]
-        for group in opt.param_groups:
-            group["lr"] = cfg.lr * cfg.lr_factor(step)
-        opt.zero_grad(set_to_none=True)
-        loss_t = loss_fn(model, bt, bg, cfg.loss, cfg.target_logit)
-        total = loss_t + 0.5 * cfg.l2 * sum((p * p).sum() for p in params) if cfg.l2 else loss_t
-        total.backward()
-        opt.step()
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            loss = float(loss_t.detach())
-            acc = evaluate(model, world, queries)["accuracy"]
-            history.append({"step": step, "loss": loss, "accuracy": acc})
-            bar.set_postfix(loss=f"{loss:.3g}", acc=f"{acc:.3f}")
-            if acc > best:
-                best, best_step = acc, step
-            if cfg.target_accuracy is not None and acc >= cfg.target_accuracy:
-                logger.info("reached accuracy %.4f at step %d", acc, step)
-                stopped = "target"
-            elif cfg.patience and step - best_step >= cfg.patience:
-                logger.info("no better accuracy than %.4f for %d steps; stopping at step %d", best, cfg.patience, step)
-                stopped = "patience"
-            if checkpoint is not None and (stopped != "budget" or step - last_ckpt >= checkpoint_every
-                                           or step == cfg.steps):
-                checkpoint({"step": step, "optimizer": opt.state_dict(), "generator": g.get_state(),
-                            "history": history, "best": best, "best_step": best_step})
-                last_ckpt = step
-            if stopped != "budget":
-                break
+    frozen = [p for n, p in names.items() if n in cfg.freeze and p.requires_grad]
+    for p in frozen:  # no gradients for frozen tensors; the flags are restored below
+        p.requires_grad_(False)
+    try:
+        for step in bar if stopped == "budget" else ():
+            if cfg.batch_size is None or cfg.batch_size >= n:
+                bt, bg = tokens, targets
+            else:
+                idx = torch.randint(n, (cfg.batch_size,), generator=g).to(device)
+                bt, bg = tokens[idx], targets[idx]
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * cfg.lr_factor(step)
+            opt.zero_grad(set_to_none=True)
+            loss_t = loss_fn(model, bt, bg, cfg.loss, cfg.target_logit)
+            total = loss_t + 0.5 * cfg.l2 * sum((p * p).sum() for p in l2_params) if cfg.l2 else loss_t
+            total.backward()
+            opt.step()
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                loss = float(loss_t.detach())
+                acc = evaluate(model, world, queries)["accuracy"]
+                history.append({"step": step, "loss": loss, "accuracy": acc})
+                bar.set_postfix(loss=f"{loss:.3g}", acc=f"{acc:.3f}")
+                if acc > best:
+                    best, best_step = acc, step
+                if cfg.target_accuracy is not None and acc >= cfg.target_accuracy:
+                    logger.info("reached accuracy %.4f at step %d", acc, step)
+                    stopped = "target"
+                elif cfg.patience and step - best_step >= cfg.patience:
+                    logger.info("no better accuracy than %.4f for %d steps; stopping at step %d", best, cfg.patience, step)
+                    stopped = "patience"
+                if checkpoint is not None and (stopped != "budget" or step - last_ckpt >= checkpoint_every
+                                               or step == cfg.steps):
+                    checkpoint({"step": step, "optimizer": opt.state_dict(), "generator": g.get_state(),
+                                "history": history, "best": best, "best_step": best_step})
+                    last_ckpt = step
+                if stopped != "budget":
+                    break
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
     bar.close()
     if history:
         loss = history[-1]["loss"]

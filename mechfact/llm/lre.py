@@ -25,20 +25,21 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..config import DictConfig
-from ..runs import RunDir, read_json
+from .. import hooks
+from ..config import DictConfig, check_choice, check_float, check_int
+from ..probes.queries import ProbeSet
+from ..runs import RunDir
 from ..seeding import derive_seed
-from .extract import hook_name
-from .loading import LoadedModel, load_model
-from .probe import check_prompt_options, relation_states, subset
-from .relations import load_relations
+from .loading import LanguageModel, load_model
+from .probe import ProbeConfig, check_prompt_options, relation_states
+from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
 
@@ -69,17 +70,17 @@ class LreConfig(DictConfig):
     batch_size: int = 16
     cache_states: bool = True
 
-    def validate(self) -> None:
-        if self.beta <= 0:
-            raise ValueError(f"--beta {self.beta}: must be positive")
-        if self.rank < 1:
-            raise ValueError(f"--rank {self.rank}: must be >= 1")
-        if self.n_train < 1:
-            raise ValueError(f"--n-train {self.n_train}: must be >= 1")
-        if self.facts not in ("known", "all"):
-            raise ValueError(f"--facts {self.facts}: allowed values are known, all")
-        if self.chunk < 1:
-            raise ValueError(f"--chunk {self.chunk}: must be >= 1")
+    def __post_init__(self) -> None:
+        if self.layer is not None:
+            check_int("layer", self.layer, 0)
+        check_float("beta", self.beta, lo=0, lo_open=True)
+        check_int("rank", self.rank, 1)
+        check_int("n_train", self.n_train, 1)
+        check_choice("facts", self.facts, ("known", "all"))
+        if self.max_test is not None:
+            check_int("max_test", self.max_test, 1)
+        check_int("chunk", self.chunk, 1)
+        check_int("batch_size", self.batch_size, 1)
         check_prompt_options(self)
 
 
@@ -87,16 +88,29 @@ def default_layer(n_layers: int) -> int:
     return n_layers // 2
 
 
-def jacobian(lm: LoadedModel, tokens: list[int], pos: int, layer: int, chunk: int = 96
+def jacobian(lm: LanguageModel, tokens: list[int], pos: int, layer: int, chunk: int = 96
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(J, s, o): J = d o / d s (d_model, d_model), s = resid_post[layer] at ``pos``, o = last resid_post at the end."""
+    """(J, s, o): J = d o / d s (d_model, d_model), s = resid_post[layer] at ``pos``, o = last resid_post at the end.
+
+    Gradients flow to ``s`` only: the model's parameters are switched off for the computation and their
+    ``requires_grad`` flags restored afterwards.
+    """
+    grad_on = [p for p in lm.bridge.parameters() if p.requires_grad]
+    for p in grad_on:
+        p.requires_grad_(False)
+    try:
+        return _jacobian(lm, tokens, pos, layer, chunk)
+    finally:
+        for p in grad_on:
+            p.requires_grad_(True)
+
+
+def _jacobian(lm: LanguageModel, tokens: list[int], pos: int, layer: int, chunk: int):
     b = lm.bridge
-    name_s, name_o = hook_name("resid_post", layer), hook_name("resid_post", lm.n_layers - 1)
+    name_s, name_o = hooks.resid(layer, "post"), hooks.resid(lm.n_layers - 1, "post")
     d = lm.d_model
     dev = lm.device
     toks = torch.tensor([tokens], device=dev)
-    for p in b.parameters():  # gradients w.r.t. s only (the model is used for inference throughout)
-        p.requires_grad_(False)
     pkv = None
     if pos > 0:  # prefix before the subject's last token: once, batch 1
         with torch.no_grad():
@@ -161,8 +175,8 @@ class LRE:
         return (Vh[:r].T @ torch.diag(1 / S[:r]) @ U[:, :r].T).float()
 
 
-def estimate_lre(lm: LoadedModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int = 96,
-                 progress: bool = True) -> LRE:
+def estimate_lre(lm: LanguageModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int = 96,
+                 progress: bool = False) -> LRE:
     Js, bs = [], []
     for i in tqdm(idx, desc="jacobians", leave=False, **({} if progress else {"disable": True})):
         J, s, o = jacobian(lm, prompts[i].tokens, prompts[i].subject_last, layer, chunk)
@@ -171,28 +185,14 @@ def estimate_lre(lm: LoadedModel, prompts: list, idx: list[int], layer: int, bet
     return LRE(J=torch.stack(Js).mean(0), b=torch.stack(bs).mean(0), beta=beta)
 
 
-def decode_top(lm: LoadedModel, o: torch.Tensor) -> torch.Tensor:
+def decode_top(lm: LanguageModel, o: torch.Tensor) -> torch.Tensor:
     """Top token of final-layer states o (n, d) through the final norm and the unembedding."""
     with torch.no_grad():
         x = o.to(lm.device, lm.dtype)[:, None]
         return lm.bridge.unembed(lm.bridge.ln_final(x))[:, 0].argmax(-1).cpu()
 
 
-def probe_set(lm: LoadedModel, prompts: list, idx: list[int], object_tokens):
-    """The prompts ``idx`` as a :class:`mechfact.probes.queries.ProbeSet` (right-padded; causal, so exact)."""
-    from ..probes.queries import ProbeSet
-    from .extract import pad_batch
-
-    toks, _, _, _ = pad_batch([prompts[i].tokens for i in idx], lm.pad_id, "right")
-    n = len(idx)
-    z = torch.zeros(n, dtype=torch.long)
-    return ProbeSet(tokens=toks, subjects=torch.tensor(idx), relations=z, objects=torch.tensor(idx),
-                    object_tokens=torch.as_tensor(object_tokens, dtype=torch.long),
-                    subject_pos=torch.tensor([prompts[i].subject_last for i in idx]),
-                    answer_pos=torch.tensor([len(prompts[i].tokens) - 1 for i in idx]))
-
-
-def patched_predictions(lm: LoadedModel, prompts: list, idx: list[int], layer: int, new_states: torch.Tensor
+def patched_predictions(lm: LanguageModel, prompts: list, idx: list[int], layer: int, new_states: torch.Tensor
                         ) -> torch.Tensor:
     """Greedy next token of prompts ``idx`` with the subject state at ``layer`` set to ``new_states[k]``.
 
@@ -201,26 +201,30 @@ def patched_predictions(lm: LoadedModel, prompts: list, idx: list[int], layer: i
     """
     from ..probes.patching import Intervention, run_with_interventions
 
-    ps = probe_set(lm, prompts, idx, torch.zeros(len(idx)))
+    chosen = [prompts[i] for i in idx]
+    ps = ProbeSet.from_prompts(chosen, relations=[0] * len(idx), objects=idx, object_tokens=[0] * len(idx),
+                               pad_id=lm.pad_id, subjects=idx)
     out = torch.empty(len(idx), dtype=torch.long)
     for k in range(len(idx)):
-        iv = Intervention(site=hook_name("resid_post", layer), kind="set", position="subject",
+        iv = Intervention(site=hooks.resid(layer, "post"), kind="set", position="subject",
                           values=new_states[k].tolist())
-        out[k] = run_with_interventions(lm.bridge, ps.subset([k]), [iv]).argmax(-1)[0]
+        out[k] = run_with_interventions(lm, ps.subset([k]), [iv]).argmax(-1)[0]
     return out
 
 
-def evaluate_relation(lm: LoadedModel, rel, cfg: LreConfig, layer: int, seed: int, progress: bool = True) -> dict:
-    rs = relation_states(lm, rel, layers=[layer], site="resid_post", position="subject_last", k_shot=cfg.k_shot,
-                         template=cfg.template, seed=seed, batch_size=cfg.batch_size, use_cache=cfg.cache_states,
-                         progress=progress)
+def evaluate_relation(lm: LanguageModel, rel, cfg: LreConfig, layer: int, seed: int, progress: bool = False
+                      ) -> tuple[dict, "LRE | None"]:
+    """(row, LRE operator or None when the relation has too few usable facts)."""
+    states_cfg = ProbeConfig(site="resid_post", position="subject_last", k_shot=cfg.k_shot, template=cfg.template,
+                             batch_size=cfg.batch_size, cache_states=cfg.cache_states)
+    rs = relation_states(lm, rel, states_cfg, layers=[layer], seed=seed, progress=progress)
     n_known = int(rs.known.sum())
     known = np.flatnonzero(rs.known) if cfg.facts == "known" else np.arange(len(rel))
     row = {"relation": rel.name, "kind": rel.kind, "n_samples": len(rel), "n_known": n_known,
            "n_train": 0, "n_test": 0, "faithfulness": None, "causality": None}
     if len(known) < cfg.n_train + 1:
         logger.warning("%s: %d usable facts, need %d; skipped", rel.name, len(known), cfg.n_train + 1)
-        return row
+        return row, None
     rng = np.random.default_rng(derive_seed(seed, f"llm.lre.{rel.name}"))
     perm = rng.permutation(known)
     train, test = sorted(perm[:cfg.n_train].tolist()), sorted(perm[cfg.n_train:].tolist())
@@ -255,33 +259,87 @@ def evaluate_relation(lm: LoadedModel, rel, cfg: LreConfig, layer: int, seed: in
         caus = float((pred == target[tj]).float().mean())
     row.update(n_train=len(train), n_test=len(test), n_causality=len(ok), faithfulness=faith, causality=caus,
                faithfulness_bias_only=bias_only, faithfulness_by_beta=by_beta, train_subjects=[rel.subjects[i] for i in train])
-    return row
+    return row, lre
+
+
+@dataclass
+class LreResult:
+    """What :func:`lre` returns: one relation's LRE at one layer (``operator``: the fitted ``beta J s + b``)."""
+
+    relation: str
+    kind: str
+    layer: int
+    n_samples: int
+    n_known: int
+    n_train: int
+    n_test: int
+    faithfulness: float | None  # None: too few usable facts
+    causality: float | None
+    n_causality: int | None = None
+    faithfulness_bias_only: float | None = None
+    faithfulness_by_beta: dict | None = None
+    train_subjects: list | None = None
+    operator: LRE | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        """The row of ``result.json["per_relation"]`` (without the layer and the operator)."""
+        d = {k: getattr(self, k) for k in ("relation", "kind", "n_samples", "n_known", "n_train", "n_test",
+                                           "faithfulness", "causality")}
+        if self.faithfulness is not None:
+            d.update(n_causality=self.n_causality, faithfulness_bias_only=self.faithfulness_bias_only,
+                     faithfulness_by_beta=self.faithfulness_by_beta, train_subjects=self.train_subjects)
+        return d
+
+
+def _layer(lm: LanguageModel, layer: int | None) -> int:
+    layer = default_layer(lm.n_layers) if layer is None else lm.check_layer(layer, "--layer")
+    if layer >= lm.n_layers - 1:
+        raise ValueError(f"--layer {layer}: must be below the last layer ({lm.n_layers - 1}); the LRE maps it there")
+    return layer
+
+
+def lre(lm: LanguageModel, relation, layer: int | None = None, *, seed: int = 0, progress: bool = False,
+        **options) -> LreResult:
+    """The linear relational embedding of one relation from subject layer ``layer`` (default ``n_layers // 2``).
+
+    ``relation``: a :class:`~mechfact.llm.relations.Relation` (or a one-relation file). ``options``: any
+    :class:`LreConfig` field (``beta``, ``rank``, ``n_train``, ``facts``, ``k_shot``, ``template``,
+    ``max_samples``, ``max_test``, ``chunk``, ``batch_size``, ``cache_states``), defaults as ``mechfact llm lre``.
+    """
+    cfg = LreConfig(layer=layer, **options)
+    rels = as_relations(relation)
+    if len(rels) != 1:
+        raise ValueError(f"lre takes one relation; got {len(rels)} (call it once per relation)")
+    rel = rels[0].subset(cfg.max_samples)
+    _check_template(rel, cfg.template)
+    layer = _layer(lm, cfg.layer)
+    row, op = evaluate_relation(lm, rel, cfg, layer, seed, progress)
+    return LreResult(layer=layer, operator=op, **row)
+
+
+def _check_template(rel: Relation, template: int) -> None:
+    if template >= len(rel.prompt_templates):
+        raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
 
 
 def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,
-                lm: LoadedModel | None = None, progress: bool = True) -> dict:
-    """LRE faithfulness and causality per relation at one layer; writes the standard run directory."""
+                lm: LanguageModel | None = None, progress: bool = False) -> dict:
+    """:func:`lre` for every relation, as a run directory (rows written as relations finish; resumes)."""
     from . import plots
 
-    cfg.validate()
-    rels = [subset(r, cfg.max_samples) for r in load_relations(cfg.relations, cfg.relation_names)]
+    rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
-    layer = default_layer(lm.n_layers) if cfg.layer is None else lm.check_layer(cfg.layer, "--layer")
-    if layer >= lm.n_layers - 1:
-        raise ValueError(f"--layer {layer}: must be below the last layer ({lm.n_layers - 1}); the LRE maps it there")
+    layer = _layer(lm, cfg.layer)
     for r in rels:
-        if cfg.template >= len(r.prompt_templates):
-            raise ValueError(f"--template {cfg.template}: relation {r.name} has templates 0..{len(r.prompt_templates) - 1}")
-    run = RunDir(out, {"config": cfg, "seed": seed, "model_id": lm.model_id}, kind="llm.lre", seed=seed,
-                 device=str(lm.device))
-    res_file = run.file("result.json")
-    result = read_json(res_file) if res_file.exists() else {"model": lm.name, "n_layers": lm.n_layers, "layer": layer,
-                                                            "config": cfg.to_dict(), "per_relation": []}
+        _check_template(r, cfg.template)
+    run = RunDir(out, cfg, kind="llm.lre", seed=seed, device=str(lm.device), model_id=lm.model_id)
+    result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "layer": layer, "config": cfg.to_dict(),
+                              "per_relation": []})
     done = {r["relation"] for r in result["per_relation"]}
     for rel in rels:
         if rel.name in done:
             continue
-        row = evaluate_relation(lm, rel, cfg, layer, seed, progress)
+        row, _ = evaluate_relation(lm, rel, cfg, layer, seed, progress)
         logger.info("%s: known %d, test %d, faithfulness %s, causality %s", rel.name, row["n_known"], row["n_test"],
                     row["faithfulness"], row["causality"])
         result["per_relation"].append(row)
@@ -290,7 +348,4 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
     result["mean_faithfulness"] = float(np.mean([r["faithfulness"] for r in vals])) if vals else None
     cv = [r["causality"] for r in vals if r["causality"] is not None]
     result["mean_causality"] = float(np.mean(cv)) if cv else None
-    run.write_result(result)
-    plots.plot_lre(result, run.file("fig_lre.png"))
-    run.write_meta(model=lm.name, model_id=lm.model_id)
-    return result
+    return run.finish(result, plots.plot_lre, "fig_lre.png", model=lm.name, model_id=lm.model_id)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..plotting import plt, save
+from ..plotting import save, subplots
 
 
 def plot_readout(result: dict, path) -> None:
@@ -15,7 +15,7 @@ def plot_readout(result: dict, path) -> None:
     n = max(1, len(rels))
     cols = min(4, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.8 * rows), squeeze=False, sharey=True,
+    fig, axes = subplots(rows, cols, figsize=(3.3 * cols, 2.8 * rows), squeeze=False, sharey=True,
                              layout="constrained")
     for ax, rel in zip(axes.flat, rels):
         pts = sorted((p for p in result["per_layer"] if p["relation"] == rel["relation"]), key=lambda p: p["layer"])
@@ -37,7 +37,7 @@ def plot_readout(result: dict, path) -> None:
 
 
 def plot_readout_mean(result: dict, path) -> None:
-    fig, ax = plt.subplots(figsize=(6.2, 4))
+    fig, ax = subplots(figsize=(6.2, 4))
     colors = {"many_to_one": "tab:blue", "one_to_one": "tab:green", "all": "k"}
     for group, c in colors.items():
         pts = [r for r in result.get("mean_per_layer", []) if r["group"] == group]
@@ -58,7 +58,7 @@ def plot_readout_mean(result: dict, path) -> None:
 
 def plot_known(result: dict, path) -> None:
     rels = result["relations"]
-    fig, ax = plt.subplots(figsize=(6.4, 0.3 * len(rels) + 1.2))
+    fig, ax = subplots(figsize=(6.4, 0.3 * len(rels) + 1.2))
     y = np.arange(len(rels))
     ax.barh(y, [r["n_samples"] for r in rels], color="lightgray", label="samples")
     ax.barh(y, [r["n_known"] for r in rels], color="tab:blue", label="known (greedy = object)")
@@ -71,7 +71,7 @@ def plot_known(result: dict, path) -> None:
 
 def plot_lre(result: dict, path) -> None:
     rels = result["per_relation"]
-    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(rels) + 2), 3.8))
+    fig, ax = subplots(figsize=(max(5, 0.6 * len(rels) + 2), 3.8))
     x = np.arange(len(rels))
     ax.bar(x - 0.2, [r["faithfulness"] if r["faithfulness"] is not None else 0 for r in rels], 0.4, label="faithfulness")
     ax.bar(x + 0.2, [r["causality"] if r["causality"] is not None else 0 for r in rels], 0.4, label="causality")

@@ -1,7 +1,8 @@
 """Layer-wise linear readouts of relational facts from a pretrained model's hidden states.
 
 For every relation: build (k-shot) prompts, extract the subject's hidden state
-at every requested layer (:mod:`.extract`), mark the facts the model knows
+at every requested layer (:func:`mechfact.probes.queries.collect`, the one
+activation collector), mark the facts the model knows
 (greedy next token(s) = the object's first token(s)), and score a linear
 readout ``state -> object`` on held-out subjects with
 :func:`mechfact.probes.readout.linear_readout` -- the same readout the synthetic
@@ -13,27 +14,36 @@ models use.
   model's unembedding row of the object's first token, decoded as the nearest
   (cosine) among the relation's objects' rows. Objects that share a first token
   share a class (they are indistinguishable by that token).
+
+:func:`layer_readout` returns the result in memory; :func:`run_llm_probe` (``mechfact
+llm probe`` and ``mechfact probe readout`` on a pretrained model) writes it as a
+run directory, relation by relation.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from ..config import DictConfig
+from .. import hooks
+from ..config import DictConfig, check_choice, check_float, check_int
+from ..probes.queries import PADDING, ProbeSet, Site, collect, pad_batch
 from ..probes.readout import linear_readout, split_indices
-from ..runs import RunDir, read_json
+from ..runs import RunDir
 from ..seeding import derive_seed
-from .extract import PADDING, SITES, extract_states, greedy_tokens
-from .loading import DTYPES, LoadedModel, load_model
-from .prompts import POSITIONS, build_prompts, object_token_ids
-from .relations import Relation, load_relations
+from .loading import DTYPES, LanguageModel, load_model
+from .prompts import build_prompts, object_token_ids
+from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
+
+SITES = hooks.LAYER_SITES
+POSITIONS = ("subject_last", "subject", "subject_first", "last")  # subject_last = subject
 
 
 @dataclass
@@ -42,8 +52,8 @@ class ProbeConfig(DictConfig):
     relations: str | None = None  # relation file or folder; None = the shipped dataset
     relation_names: list[str] | None = None  # keep only these relations (None = all)
     layers: list[int] | None = None  # None = every layer
-    site: str = "resid_post"  # resid_pre | resid_mid | resid_post | attn_out | mlp_out
-    position: str = "subject_last"  # subject_last | subject_first | last
+    site: str = "resid_post"  # resid_pre | resid_mid | resid_post | attn_out | mlp_out | mlp_post
+    position: str = "subject_last"  # subject_last (= subject) | subject_first | last
     k_shot: int = 3  # in-context examples (other subjects of the relation) before each query
     template: int = 0  # which prompt template of each relation
     max_samples: int | None = None  # N evenly spaced samples per relation (None = all)
@@ -58,48 +68,32 @@ class ProbeConfig(DictConfig):
     padding: str = "right"  # right | left (both exact; tested)
     cache_states: bool = True  # disk cache of hidden states (model + prompts + site)
 
-    def validate(self) -> None:
-        if self.site not in SITES:
-            raise ValueError(f"--site {self.site}: allowed values are {', '.join(SITES)}")
-        if self.position not in POSITIONS:
-            raise ValueError(f"--position {self.position}: allowed values are {', '.join(POSITIONS)}")
+    def __post_init__(self) -> None:
+        check_choice("site", self.site, SITES)
+        check_choice("position", self.position, POSITIONS)
         check_prompt_options(self)
-        if self.template < 0:
-            raise ValueError(f"--template {self.template}: must be >= 0")
-        if self.known_tokens < 1:
-            raise ValueError(f"--known-tokens {self.known_tokens}: must be >= 1")
-        if self.readout_on not in ("all", "known"):
-            raise ValueError(f"--readout-on {self.readout_on}: allowed values are all, known")
-        if not 0 < self.heldout_fraction < 1:
-            raise ValueError(f"--heldout-fraction {self.heldout_fraction}: must lie in (0, 1)")
-        if self.n_splits < 1:
-            raise ValueError(f"--splits {self.n_splits}: must be >= 1")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch-size {self.batch_size}: must be >= 1")
-        if self.padding not in PADDING:
-            raise ValueError(f"--padding {self.padding}: allowed values are {', '.join(PADDING)}")
-        if self.layers is not None and not self.layers:
-            raise ValueError("--layers: give at least one layer, or all")
+        check_int("known_tokens", self.known_tokens, 1)
+        check_choice("readout_on", self.readout_on, ("all", "known"))
+        check_float("heldout_fraction", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
+        check_int("splits", self.n_splits, 1)
+        check_float("C", self.C, lo=0, lo_open=True)
+        check_float("alpha", self.alpha, lo=0, lo_open=True)
+        check_int("batch_size", self.batch_size, 1)
+        check_choice("padding", self.padding, PADDING)
+        if self.layers is not None:
+            if not self.layers:
+                raise ValueError("--layers: give at least one layer, or all")
+            for layer in self.layers:
+                check_int("layers", layer, 0)
 
 
 def check_prompt_options(cfg) -> None:
-    """The checks shared by every LLM config: ``k_shot``, ``max_samples``, ``dtype``."""
-    if cfg.k_shot < 0:
-        raise ValueError(f"--k-shot {cfg.k_shot}: must be >= 0")
+    """The checks shared by every LLM config: ``k_shot``, ``template``, ``max_samples``, ``dtype``."""
+    check_int("k_shot", cfg.k_shot, 0)
+    check_int("template", cfg.template, 0)
     if cfg.max_samples is not None and cfg.max_samples < 4:
         raise ValueError(f"--max-samples {cfg.max_samples}: need at least 4")
-    if cfg.dtype not in DTYPES:
-        raise ValueError(f"--dtype {cfg.dtype}: allowed values are {', '.join(DTYPES)}")
-
-
-def subset(rel: Relation, max_samples: int | None) -> Relation:
-    """``max_samples`` evenly spaced samples (files are often grouped by object; this keeps the object mix)."""
-    if max_samples is None or max_samples >= len(rel):
-        return rel
-    from dataclasses import replace
-
-    keep = sorted({int(i) for i in np.linspace(0, len(rel) - 1, max_samples).round()})
-    return replace(rel, subjects=tuple(rel.subjects[i] for i in keep), objects=tuple(rel.objects[i] for i in keep))
+    check_choice("dtype", cfg.dtype, DTYPES)
 
 
 @dataclass
@@ -115,26 +109,61 @@ class RelationStates:
     known: np.ndarray  # (n,) bool
 
 
-def relation_states(lm: LoadedModel, rel: Relation, *, layers: list[int] | None, site: str, position: str,
-                    k_shot: int, template: int, seed: int, known_tokens: int = 1, batch_size: int = 16,
-                    padding: str = "right", use_cache: bool = True, progress: bool = True) -> RelationStates:
-    prompts = build_prompts(rel, lm.tokenizer, lm.bos_id, k=k_shot, template=template, seed=seed)
-    seqs = [p.tokens for p in prompts]
-    ex = extract_states(lm, seqs, [p.position(position) for p in prompts], layers=layers, site=site,
-                        batch_size=batch_size, padding=padding, use_cache=use_cache, progress=progress,
-                        desc=rel.name)
+def greedy_tokens(lm: LanguageModel, seqs: Sequence[Sequence[int]], n_tokens: int, *, batch_size: int = 16,
+                  first: torch.Tensor | None = None) -> torch.Tensor:
+    """(n, n_tokens) greedy continuation of each prompt (no KV cache: prompts are short, n_tokens small)."""
+    n = len(seqs)
+    out = torch.empty((n, n_tokens), dtype=torch.long)
+    cur = [list(s) for s in seqs]
+    for t in range(n_tokens):
+        if t == 0 and first is not None:
+            step = first
+        else:
+            step = torch.empty(n, dtype=torch.long)
+            for i in range(0, n, batch_size):
+                batch = cur[i:i + batch_size]
+                toks, _, _, _ = pad_batch(batch, lm.pad_id, "right")
+                with torch.no_grad():
+                    logits = lm(toks.to(lm.device))
+                last = torch.tensor([len(s) - 1 for s in batch])
+                step[i:i + len(batch)] = logits[torch.arange(len(batch)), last].argmax(-1).cpu()
+        out[:, t] = step
+        for i in range(n):
+            cur[i].append(int(step[i]))
+    return out
+
+
+def relation_states(lm: LanguageModel, rel: Relation, cfg: ProbeConfig | None = None, *, layers=None,
+                    seed: int = 0, progress: bool = False) -> RelationStates:
+    """Prompts of ``rel``, the state at ``cfg.site`` / ``cfg.position`` of every layer, and which facts are known.
+
+    ``layers`` overrides ``cfg.layers`` (None: every layer). The states come from
+    :func:`mechfact.probes.queries.collect` (the one activation collector, with its disk cache).
+    """
+    cfg = cfg or ProbeConfig()
+    layers = layers if layers is not None else cfg.layers
+    layers = list(range(lm.n_layers)) if layers is None else [lm.check_layer(int(l), "--layers") for l in layers]
+    prompts = build_prompts(rel, lm.tokenizer, lm.bos_id, k=cfg.k_shot, template=cfg.template, seed=seed)
     obj_toks = [object_token_ids(lm.tokenizer, p.object) for p in prompts]
-    if known_tokens == 1:
-        known = np.array([int(t) == o[0] for t, o in zip(ex.next_token, obj_toks)])
+    n = len(prompts)
+    ps = ProbeSet.from_prompts(prompts, relations=[0] * n, objects=range(n), object_tokens=[o[0] for o in obj_toks],
+                               pad_id=lm.pad_id, relation_names=[rel.name])
+    sites = [Site(hooks.layer_site(cfg.site, layer), cfg.position) for layer in layers]
+    acts = collect(lm, ps, sites, batch_size=cfg.batch_size, padding=cfg.padding, cache=cfg.cache_states,
+                   progress=progress, desc=rel.name)
+    states = torch.stack([acts[s] for s in sites])
+    if cfg.known_tokens == 1:
+        known = np.array([int(t) == o[0] for t, o in zip(acts.next_token, obj_toks)])
     else:
-        greedy = greedy_tokens(lm, seqs, known_tokens, batch_size=batch_size, first=ex.next_token)
-        known = np.array([greedy[i, :min(known_tokens, len(o))].tolist() == o[:known_tokens]
+        greedy = greedy_tokens(lm, [p.tokens for p in prompts], cfg.known_tokens, batch_size=cfg.batch_size,
+                               first=acts.next_token)
+        known = np.array([greedy[i, :min(cfg.known_tokens, len(o))].tolist() == o[:cfg.known_tokens]
                           for i, o in enumerate(obj_toks)])
-    return RelationStates(relation=rel, prompts=prompts, states=ex.states, layers=ex.layers,
-                          next_token=ex.next_token, object_first=[o[0] for o in obj_toks], known=known)
+    return RelationStates(relation=rel, prompts=prompts, states=states, layers=layers,
+                          next_token=acts.next_token, object_first=[o[0] for o in obj_toks], known=known)
 
 
-def readout_targets(rs: RelationStates, lm: LoadedModel, idx: np.ndarray):
+def readout_targets(rs: RelationStates, lm: LanguageModel, idx: np.ndarray):
     """(kind, object ids, object vectors or None) for the readout over samples ``idx``."""
     rel = rs.relation
     if rel.kind == "many_to_one":
@@ -149,7 +178,8 @@ def readout_targets(rs: RelationStates, lm: LoadedModel, idx: np.ndarray):
     return "vector", np.array([cls[t] for t in firsts]), vecs
 
 
-def layer_readouts(rs: RelationStates, lm: LoadedModel, cfg: ProbeConfig, seed: int) -> list[dict]:
+def layer_readouts(rs: RelationStates, lm: LanguageModel, cfg: ProbeConfig, seed: int) -> list[dict]:
+    """Readout rows (one per layer) of one relation's states, averaged over ``cfg.n_splits`` subject splits."""
     idx = np.arange(len(rs.prompts)) if cfg.readout_on == "all" else np.flatnonzero(rs.known)
     name = rs.relation.name
     if len(idx) < 4:
@@ -197,51 +227,100 @@ def best_layers(result: dict) -> list[dict]:
     return out
 
 
-def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,
-                  lm: LoadedModel | None = None, progress: bool = True) -> dict:
-    """Layer-wise readouts for every relation; writes config.json, result.json, meta.json, fig_*.png.
+def _relation_record(rel: Relation, rs: RelationStates) -> dict:
+    return {"relation": rel.name, "kind": rel.kind, "n_samples": len(rel), "n_known": int(rs.known.sum()),
+            "n_objects": len(rel.object_set), "known_subjects": [p.subject for p, k in zip(rs.prompts, rs.known) if k]}
 
-    Resumes: relations already in ``out/result.json`` are skipped. ``lm`` reuses a loaded model.
+
+def _probe_relation(lm: LanguageModel, rel: Relation, cfg: ProbeConfig, layers, seed: int,
+                    progress: bool) -> tuple[dict, list[dict]]:
+    rs = relation_states(lm, rel, cfg, layers=layers, seed=seed, progress=progress)
+    rows = layer_readouts(rs, lm, cfg, seed)
+    logger.info("%s: %d/%d known; best readout %.2f", rel.name, int(rs.known.sum()), len(rel),
+                max([r["readout_accuracy"] for r in rows], default=float("nan")))
+    return _relation_record(rel, rs), rows
+
+
+def _check_templates(rels: list[Relation], template: int) -> None:
+    for r in rels:
+        if template >= len(r.prompt_templates):
+            raise ValueError(f"--template {template}: relation {r.name} has templates 0..{len(r.prompt_templates) - 1}")
+
+
+@dataclass
+class LayerReadoutResult:
+    """What :func:`layer_readout` returns: per-layer rows, per-relation facts, means and best layers."""
+
+    model: str
+    n_layers: int
+    relations: list[dict]  # relation, kind, n_samples, n_known, n_objects, known_subjects
+    per_layer: list[dict]  # layer, relation, readout_kind, readout_accuracy, control_accuracy, chance, n_train, ...
+    mean_per_layer: list[dict] = field(default_factory=list)
+    best_layers: list[dict] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[dict]:
+        """The per-layer rows: one per (relation, layer)."""
+        return self.per_layer
+
+    def accuracy(self, relation: str) -> dict[int, float]:
+        """{layer: held-out readout accuracy} of one relation."""
+        return {r["layer"]: r["readout_accuracy"] for r in self.per_layer if r["relation"] == relation}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def layer_readout(lm: LanguageModel, relations=None, layers="all", *, seed: int = 0, progress: bool = False,
+                  **options) -> LayerReadoutResult:
+    """Layer-wise linear readout of the object from the subject's state, per relation, on held-out subjects.
+
+    ``lm``: a :class:`~mechfact.llm.loading.LanguageModel` (:func:`mechfact.load_model`). ``relations``: a
+    Relation, a list of them, a relation file / folder, or None (the shipped dataset). ``layers``: ``"all"``
+    or a list. ``options``: any :class:`ProbeConfig` field (``site``, ``position``, ``k_shot``, ``template``,
+    ``max_samples``, ``known_tokens``, ``readout_on``, ``heldout_fraction``, ``n_splits``, ``C``, ``alpha``,
+    ``batch_size``, ``padding``, ``cache_states``), with the same defaults as ``mechfact llm probe``.
     """
+    cfg = ProbeConfig(layers=None if layers == "all" else list(layers), **options)
+    rels = [r.subset(cfg.max_samples) for r in as_relations(relations, cfg.relation_names)]
+    _check_templates(rels, cfg.template)
+    layers = None if cfg.layers is None else [lm.check_layer(int(l), "--layers") for l in cfg.layers]
+    result = {"model": lm.name, "n_layers": lm.n_layers, "relations": [], "per_layer": []}
+    for rel in rels:
+        record, rows = _probe_relation(lm, rel, cfg, layers, seed, progress)
+        result["relations"].append(record)
+        result["per_layer"].extend(rows)
+    result["mean_per_layer"] = mean_curves(result)
+    result["best_layers"] = best_layers(result)
+    return LayerReadoutResult(**result)
+
+
+def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,
+                  lm: LanguageModel | None = None, progress: bool = False, kind: str = "llm.probe") -> dict:
+    """:func:`layer_readout` as a run directory: config.json, result.json (per relation as it finishes), meta.json,
+    fig_*.png. Resumes: relations already in ``out/result.json`` are skipped. ``lm`` reuses a loaded model."""
     from . import plots
 
-    cfg.validate()
-    rels = [subset(r, cfg.max_samples) for r in load_relations(cfg.relations, cfg.relation_names)]
+    rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = None if cfg.layers is None else [lm.check_layer(int(l), "--layers") for l in cfg.layers]
-    for r in rels:
-        if cfg.template >= len(r.prompt_templates):
-            raise ValueError(f"--template {cfg.template}: relation {r.name} has templates 0..{len(r.prompt_templates) - 1}")
-    run = RunDir(out, {"config": cfg, "seed": seed, "model_id": lm.model_id}, kind="llm.probe", seed=seed,
-                 device=str(lm.device))
-    res_file = run.file("result.json")
-    result = read_json(res_file) if res_file.exists() else {"model": lm.name, "n_layers": lm.n_layers,
-                                                            "relations": [], "per_layer": []}
+    _check_templates(rels, cfg.template)
+    run = RunDir(out, cfg, kind=kind, seed=seed, device=str(lm.device), model_id=lm.model_id)
+    result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "relations": [], "per_layer": []})
     done = {r["relation"] for r in result["relations"]}
     for rel in rels:
         if rel.name in done:
             continue
-        rs = relation_states(lm, rel, layers=layers, site=cfg.site, position=cfg.position, k_shot=cfg.k_shot,
-                             template=cfg.template, seed=seed, known_tokens=cfg.known_tokens,
-                             batch_size=cfg.batch_size, padding=cfg.padding, use_cache=cfg.cache_states,
-                             progress=progress)
-        rows = layer_readouts(rs, lm, cfg, seed)
-        n_known = int(rs.known.sum())
-        logger.info("%s: %d/%d known; best readout %.2f", rel.name, n_known, len(rel),
-                    max([r["readout_accuracy"] for r in rows], default=float("nan")))
-        result["relations"].append({"relation": rel.name, "kind": rel.kind, "n_samples": len(rel),
-                                    "n_known": n_known, "n_objects": len(rel.object_set),
-                                    "known_subjects": [p.subject for p, k in zip(rs.prompts, rs.known) if k]})
+        record, rows = _probe_relation(lm, rel, cfg, layers, seed, progress)
+        result["relations"].append(record)
         result["per_layer"].extend(rows)
         run.write_result(result)
     result["mean_per_layer"] = mean_curves(result)
     result["best_layers"] = best_layers(result)
     run.write_result(result)
-    plots.plot_readout(result, run.file("fig_readout.png"))
-    plots.plot_readout_mean(result, run.file("fig_readout_mean.png"))
-    plots.plot_known(result, run.file("fig_known.png"))
-    run.write_meta(model=lm.name, model_id=lm.model_id)
-    return result
+    for plot, fig in ((plots.plot_readout, "fig_readout.png"), (plots.plot_readout_mean, "fig_readout_mean.png")):
+        plot(result, run.file(fig))
+    return run.finish(result, plots.plot_known, "fig_known.png", model=lm.name, model_id=lm.model_id)
 
 
 QUICK_RELATIONS = ["animal_class", "city_country", "country_continent", "country_capital"]

@@ -9,6 +9,10 @@ subjects, drawn with a seeded generator) before the query, one per line::
     Osaka is a city in
 
 Token positions count the BOS token the bridge prepends (when it does).
+:func:`probe_set` turns the prompts of several relations into the
+:class:`~mechfact.probes.queries.ProbeSet` every probe takes; positions use the
+probes' one vocabulary (``subject`` = the subject's last token, ``subject_first``,
+``last``).
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..probes.queries import ProbeSet, check_position
 from ..seeding import derive_seed
-from .relations import Relation
+from .relations import Relation, as_relations
 
-POSITIONS = ("subject_last", "subject_first", "last")
+POSITIONS = ("subject", "subject_first", "last")  # where a prompt's state is read (subject_last = subject)
 
 
 @dataclass
@@ -37,9 +42,8 @@ class Prompt:
         return len(self.tokens) - 1
 
     def position(self, which: str) -> int:
-        if which not in POSITIONS:
-            raise ValueError(f"--position {which}: allowed values are {', '.join(POSITIONS)}")
-        return getattr(self, which)
+        which = check_position(which, POSITIONS)
+        return self.subject_last if which == "subject" else getattr(self, which)
 
 
 def icl_examples(n: int, i: int, k: int, seed: int, tag: str) -> list[int]:
@@ -88,3 +92,24 @@ def build_prompts(rel: Relation, tokenizer, bos_id: int | None, *, k: int = 3, t
         out.append(Prompt(text=text, subject=rel.subjects[i], object=rel.objects[i], tokens=toks,
                           subject_first=first, subject_last=last))
     return out
+
+
+def probe_set(lm, relations=None, *, k_shot: int = 3, template: int = 0, seed: int = 0,
+              max_samples: int | None = None) -> ProbeSet:
+    """One query per fact of every relation, as a k-shot prompt of ``lm``: a right-padded ProbeSet.
+
+    ``relations``: a Relation, a list of them, a file / folder path or None (the shipped dataset).
+    ``relations`` ids index the list (sorted by name when loaded from files), ``objects`` are global ids of
+    distinct (relation, object) pairs, ``object_tokens`` the first token of ``" " + object``.
+    """
+    rels = [r.subset(max_samples) for r in as_relations(relations)]
+    prompts, rel_ids, obj_names, obj_toks = [], [], [], []
+    for r_id, rel in enumerate(rels):
+        ps = build_prompts(rel, lm.tokenizer, lm.bos_id, k=k_shot, template=template, seed=seed)
+        prompts += ps
+        rel_ids += [r_id] * len(ps)
+        obj_names += [f"{rel.name}:{p.object}" for p in ps]
+        obj_toks += [object_token_ids(lm.tokenizer, p.object)[0] for p in ps]
+    obj_index = {o: i for i, o in enumerate(dict.fromkeys(obj_names))}
+    return ProbeSet.from_prompts(prompts, relations=rel_ids, objects=[obj_index[o] for o in obj_names],
+                                 object_tokens=obj_toks, pad_id=lm.pad_id, relation_names=[r.name for r in rels])

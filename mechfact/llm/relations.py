@@ -1,4 +1,4 @@
-"""Relational facts: load and validate relation JSON files (format in ``mechfact/data/relations/README.md``).
+"""Relational facts: :class:`Relation` in memory, and JSON files of them (format in ``mechfact/data/relations/README.md``).
 
 A relation file is ``{"name", "prompt_templates": ["... {} ..."], "samples":
 [{"subject", "object"}]}`` plus the optional ``kind`` (``many_to_one`` /
@@ -9,29 +9,106 @@ Every problem is a ``ValueError`` that names the file and what is wrong.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 KINDS = ("many_to_one", "one_to_one")
 
 
-@dataclass(frozen=True)
 class Relation:
-    name: str
-    kind: str  # many_to_one | one_to_one
-    prompt_templates: tuple[str, ...]
-    subjects: tuple[str, ...]
-    objects: tuple[str, ...]
-    description: str = ""
-    source: str = ""  # file it came from
+    """A relation: a name, prompt templates with one ``{}`` for the subject, and (subject, object) samples.
+
+    Built in memory, e.g. ``Relation("capital", ["The capital of {} is"], [("France", "Paris"), ...])``
+    (samples as pairs or ``{"subject", "object"}`` dicts), or read from JSON with :func:`load_relations`.
+    ``kind`` (``many_to_one`` / ``one_to_one``) is inferred from repeated objects when not given.
+    Every problem is a ``ValueError`` naming the relation (or its file) and what is wrong.
+    """
+
+    __slots__ = ("name", "kind", "prompt_templates", "subjects", "objects", "description", "source")
+
+    def __init__(self, name: str, prompt_templates, samples, *, kind: str | None = None, description: str = "",
+                 source: str = ""):
+        where = f"relation file {source}" if source else f"relation {name!r}"
+
+        def bad(msg: str) -> ValueError:
+            return ValueError(f"{where}: {msg}")
+
+        if not isinstance(name, str) or not name.strip():
+            raise bad("'name' must be a non-empty string")
+        if isinstance(prompt_templates, str):
+            prompt_templates = [prompt_templates]
+        tpls = list(prompt_templates) if isinstance(prompt_templates, (list, tuple)) else None
+        if not tpls or not all(isinstance(t, str) for t in tpls):
+            raise bad("'prompt_templates' must be a non-empty list of strings")
+        for t in tpls:
+            if t.count("{}") != 1:
+                raise bad(f"prompt template {t!r} must contain exactly one '{{}}' (the subject)")
+            try:
+                t.format("x")
+            except (IndexError, KeyError, ValueError):
+                raise bad(f"prompt template {t!r} is not a format string with one '{{}}'") from None
+        if not isinstance(samples, (list, tuple)):
+            raise bad("'samples' must be a list of {subject, object} (or (subject, object) pairs)")
+        if not samples:
+            raise bad("relation has no samples")
+        subs, objs = [], []
+        for i, smp in enumerate(samples):
+            if isinstance(smp, dict):
+                sub, obj = smp.get("subject"), smp.get("object")
+            elif isinstance(smp, (list, tuple)) and len(smp) == 2:
+                sub, obj = smp
+            else:
+                sub = obj = None
+            if not isinstance(sub, str) or not isinstance(obj, str):
+                raise bad(f"sample {i} must be an object with string 'subject' and 'object' (or a pair of strings)")
+            if not sub.strip() or not obj.strip():
+                raise bad(f"sample {i} has an empty subject or object")
+            subs.append(sub)
+            objs.append(obj.strip())
+        if len(set(subs)) != len(subs):
+            dup = sorted({x for x in subs if subs.count(x) > 1})
+            raise bad(f"subjects must be unique (repeated: {', '.join(dup[:5])})")
+        kind = kind or ("many_to_one" if len(set(objs)) < len(objs) else "one_to_one")
+        if kind not in KINDS:
+            raise bad(f"'kind' {kind!r}: allowed values are {', '.join(KINDS)}")
+        if kind == "one_to_one" and len(set(objs)) < len(objs):
+            raise bad("kind one_to_one but some objects repeat")
+        self.name, self.kind, self.prompt_templates = name, kind, tuple(tpls)
+        self.subjects, self.objects = tuple(subs), tuple(objs)
+        self.description, self.source = str(description), str(source)
 
     def __len__(self) -> int:
         return len(self.subjects)
+
+    def __repr__(self) -> str:
+        return f"Relation({self.name!r}, {len(self)} samples, {self.kind})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Relation) and self.to_dict() == other.to_dict()
+
+    @property
+    def samples(self) -> list[tuple[str, str]]:
+        return list(zip(self.subjects, self.objects))
 
     @property
     def object_set(self) -> list[str]:
         """Distinct objects in first-seen order."""
         return list(dict.fromkeys(self.objects))
+
+    def subset(self, max_samples: int | None) -> "Relation":
+        """``max_samples`` evenly spaced samples (files are often grouped by object; this keeps the object mix)."""
+        if max_samples is None or max_samples >= len(self):
+            return self
+        import numpy as np
+
+        keep = sorted({int(i) for i in np.linspace(0, len(self) - 1, max_samples).round()})
+        return Relation(self.name, self.prompt_templates, [self.samples[i] for i in keep], kind=self.kind,
+                        description=self.description, source=self.source)
+
+    def to_dict(self) -> dict:
+        """The JSON file format."""
+        return {"name": self.name, "kind": self.kind, "description": self.description,
+                "prompt_templates": list(self.prompt_templates),
+                "samples": [{"subject": s, "object": o} for s, o in self.samples]}
 
 
 def shipped_relations_dir() -> Path:
@@ -41,49 +118,16 @@ def shipped_relations_dir() -> Path:
 
 def parse_relation(data: object, source: str) -> Relation:
     """Validate one decoded relation JSON object."""
-    def bad(msg: str) -> ValueError:
-        return ValueError(f"relation file {source}: {msg}")
-
     if not isinstance(data, dict):
-        raise bad("not a relation (expected a JSON object with name, prompt_templates, samples)")
+        raise ValueError(f"relation file {source}: not a relation (expected a JSON object with name, "
+                         "prompt_templates, samples)")
     missing = [k for k in ("name", "prompt_templates", "samples") if k not in data]
     if missing:
-        raise bad(f"not in the relation format: missing {', '.join(missing)}")
-    name = data["name"]
-    if not isinstance(name, str) or not name.strip():
-        raise bad("'name' must be a non-empty string")
+        raise ValueError(f"relation file {source}: not in the relation format: missing {', '.join(missing)}")
     tpls = data["prompt_templates"]
-    if not isinstance(tpls, list) or not tpls or not all(isinstance(t, str) for t in tpls):
-        raise bad("'prompt_templates' must be a non-empty list of strings")
-    for t in tpls:
-        if t.count("{}") != 1:
-            raise bad(f"prompt template {t!r} must contain exactly one '{{}}' (the subject)")
-        try:
-            t.format("x")
-        except (IndexError, KeyError, ValueError):
-            raise bad(f"prompt template {t!r} is not a format string with one '{{}}'") from None
-    samples = data["samples"]
-    if not isinstance(samples, list):
-        raise bad("'samples' must be a list of {subject, object}")
-    if not samples:
-        raise bad("relation has no samples")
-    subs, objs = [], []
-    for i, s in enumerate(samples):
-        if not isinstance(s, dict) or not isinstance(s.get("subject"), str) or not isinstance(s.get("object"), str):
-            raise bad(f"sample {i} must be an object with string 'subject' and 'object'")
-        if not s["subject"].strip() or not s["object"].strip():
-            raise bad(f"sample {i} has an empty subject or object")
-        subs.append(s["subject"])
-        objs.append(s["object"].strip())
-    if len(set(subs)) != len(subs):
-        dup = sorted({x for x in subs if subs.count(x) > 1})
-        raise bad(f"subjects must be unique (repeated: {', '.join(dup[:5])})")
-    kind = data.get("kind") or ("many_to_one" if len(set(objs)) < len(objs) else "one_to_one")
-    if kind not in KINDS:
-        raise bad(f"'kind' {kind!r}: allowed values are {', '.join(KINDS)}")
-    if kind == "one_to_one" and len(set(objs)) < len(objs):
-        raise bad("kind one_to_one but some objects repeat")
-    return Relation(name=name, kind=kind, prompt_templates=tuple(tpls), subjects=tuple(subs), objects=tuple(objs),
+    if not isinstance(tpls, list):
+        raise ValueError(f"relation file {source}: 'prompt_templates' must be a non-empty list of strings")
+    return Relation(data["name"], tpls, data["samples"], kind=data.get("kind"),
                     description=str(data.get("description", "")), source=source)
 
 
@@ -123,5 +167,25 @@ def load_relations(path: str | Path | None = None, names: list[str] | None = Non
         unknown = [n for n in names if n not in seen]
         if unknown:
             raise ValueError(f"--relation-names {', '.join(unknown)}: not in {path} (have {', '.join(sorted(seen))})")
+        rels = [r for r in rels if r.name in names]
+    return rels
+
+
+def as_relations(relations=None, names: list[str] | None = None) -> list[Relation]:
+    """A list of relations from a Relation, a list of them, a file / folder path, or None (the shipped dataset)."""
+    if isinstance(relations, Relation):
+        rels = [relations]
+    elif isinstance(relations, (list, tuple)) and relations and all(isinstance(r, Relation) for r in relations):
+        rels = list(relations)
+    elif relations is None or isinstance(relations, (str, Path)):
+        return load_relations(relations, names)
+    else:
+        raise ValueError(f"relations of type {type(relations).__name__}: expected a Relation, a list of them, "
+                         "a relation file / folder path, or None (the shipped dataset)")
+    if names:
+        have = {r.name for r in rels}
+        unknown = [n for n in names if n not in have]
+        if unknown:
+            raise ValueError(f"--relation-names {', '.join(unknown)}: not among {', '.join(sorted(have))}")
         rels = [r for r in rels if r.name in names]
     return rels

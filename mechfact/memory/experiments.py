@@ -18,41 +18,86 @@ import numpy as np
 import torch
 from scipy import stats
 
+from ..config import DictConfig, bad, check_choice, check_float
 from ..executor import Executor, Job, LocalExecutor
-from ..runs import RunDir, read_json
+from ..runs import RunDir
 from . import analysis, solvers, theory
 from .problems import PROBLEMS, MemoryProblem, load, p_for_alpha
-from .solvers import METHODS, TrainConfig, check_kappa
+from .solvers import METHODS, MemoryTrainConfig, check_kappa
 
 logger = logging.getLogger(__name__)
 
 
-# ---- validation ------------------------------------------------------------------
+# ---- validation (run by every config's __post_init__) ------------------------------
 
-def _check_common(ds: list[int], seeds: int, method: str, problem: str, kappa: float) -> None:
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_d(d) -> None:
+    if not _is_int(d) or d <= 0:
+        raise bad("d", d, "must be a positive integer")
+
+
+def _check_ds(ds) -> list[int]:
+    if isinstance(ds, (str, bytes)) or not isinstance(ds, (list, tuple)) or not ds:
+        raise bad("d", ds, "must be a non-empty list of positive integers")
     for d in ds:
-        if d <= 0:
-            raise ValueError(f"--d {d}: must be a positive integer")
-    if seeds < 1:
-        raise ValueError(f"--seeds {seeds}: must be at least 1")
-    if method not in METHODS:
-        raise ValueError(f"--method {method!r}: allowed values are {', '.join(METHODS)}")
-    if problem not in PROBLEMS:
-        raise ValueError(f"--problem {problem!r}: allowed values are {', '.join(PROBLEMS)}")
+        _check_d(d)
+    return list(ds)
+
+
+def _check_seeds(seeds) -> None:
+    if not _is_int(seeds) or seeds < 1:
+        raise bad("seeds", seeds, "must be at least 1")
+
+
+def _check_num(field_: str, value) -> None:
+    """A finite real number (not a string or bool); NaN and inf are refused, naming the flag."""
+    if isinstance(value, (str, bytes, bool)):
+        raise bad(field_, repr(value), "must be a number")
+    check_float(field_, value)
+
+
+def _check_kappa(field_: str, kappa) -> None:
+    _check_num(field_, kappa)
     check_kappa(kappa)
-    if method == "separable" and kappa != 1.0:
-        raise ValueError(f"--kappa {kappa}: method separable is exact only for full rank (kappa 1); "
-                         "the rank-constrained problem is not a linear program")
+
+
+def _check_positive(field_: str, value) -> None:
+    _check_num(field_, value)
+    if value <= 0:
+        raise bad(field_, value, "must be positive")
+
+
+def _check_rel_tol(rel_tol) -> None:
+    _check_num("rel_tol", rel_tol)
+    if not (0 <= rel_tol < 0.5):
+        raise bad("rel_tol", rel_tol, "must lie in [0, 0.5)")
+
+
+def _check_type(field_: str, value, cls: type) -> None:
+    if not isinstance(value, cls):
+        raise ValueError(f"{field_}: expected a {cls.__name__}, got {type(value).__name__}")
 
 
 @dataclass
-class SolverConfig:
+class SolverConfig(DictConfig):
     """How W is found; shared by every experiment."""
 
     method: str = "trained"  # hebb | trained | separable
     problem: str = "original"  # original | decoupled
     kappa: float = 1.0  # rank fraction: W = Q R^T with m = kappa * d
-    train: TrainConfig = field(default_factory=TrainConfig)  # gradient training ("trained", hint for "separable")
+    train: MemoryTrainConfig = field(default_factory=MemoryTrainConfig)  # gradient training ("trained", hint for "separable")
+
+    def __post_init__(self) -> None:
+        check_choice("method", self.method, METHODS)
+        check_choice("problem", self.problem, PROBLEMS)
+        _check_kappa("kappa", self.kappa)
+        if self.method == "separable" and self.kappa != 1.0:
+            raise bad("kappa", self.kappa, "method separable is exact only for full rank (kappa 1); "
+                      "the rank-constrained problem is not a linear program")
+        _check_type("train", self.train, MemoryTrainConfig)
 
 
 def solve(problems: list[MemoryProblem], s: SolverConfig, device: torch.device) -> list[dict]:
@@ -74,17 +119,10 @@ def solve(problems: list[MemoryProblem], s: SolverConfig, device: torch.device) 
     return recs
 
 
-def _finish(run: RunDir, result: dict, plot: str, fig: str, **meta) -> dict:
-    """Write result.json, draw the figure from it, then meta.json."""
-    from . import plots
-
-    return run.finish(result, getattr(plots, plot), fig, **meta)
-
-
 # ---- accuracy sweep --------------------------------------------------------------------
 
 @dataclass
-class SweepConfig:
+class SweepConfig(DictConfig):
     d: list[int] = field(default_factory=lambda: [32, 64])  # dimensions
     alpha_min: float = 0.05  # smallest load p ln p / d^2
     alpha_max: float = 1.2  # largest load
@@ -92,20 +130,24 @@ class SweepConfig:
     seeds: int = 3  # independent instances per point
     solver: SolverConfig = field(default_factory=SolverConfig)
 
-    def validate(self) -> None:
-        _check_common(self.d, self.seeds, self.solver.method, self.solver.problem, self.solver.kappa)
+    def __post_init__(self) -> None:
+        self.d = _check_ds(self.d)
+        _check_seeds(self.seeds)
+        _check_type("solver", self.solver, SolverConfig)
+        _check_num("alpha_min", self.alpha_min)
+        _check_num("alpha_max", self.alpha_max)
         if not (0 < self.alpha_min < self.alpha_max):
             raise ValueError(f"--alpha-min {self.alpha_min} / --alpha-max {self.alpha_max}: need 0 < alpha-min < alpha-max")
-        if self.points < 2:
-            raise ValueError(f"--points {self.points}: need at least 2")
+        if not _is_int(self.points) or self.points < 2:
+            raise bad("points", self.points, "need at least 2")
 
 
 def run_sweep(cfg: SweepConfig, out: str | Path, *, device: torch.device, seed: int = 0,
               executor: Executor | None = None) -> dict:
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.sweep", seed=seed, device=str(device))
-    res_file = run.file("result.json")
-    result = read_json(res_file) if res_file.exists() else {"points": []}
+    from . import plots
+
+    run = RunDir(out, cfg, kind="memory.sweep", seed=seed, device=str(device))
+    result = run.read_result({"points": []})
     done = {(r["d"], r["p"], r["seed"]) for r in result["points"]}
     s = cfg.solver
     jobs = []
@@ -131,13 +173,13 @@ def run_sweep(cfg: SweepConfig, out: str | Path, *, device: torch.device, seed: 
         run.write_result(result)
 
     (executor or LocalExecutor(desc="memory sweep")).map(jobs, on_result)
-    return _finish(run, result, "plot_sweep", "fig_accuracy.png", n_jobs_run=len(jobs))
+    return run.finish(result, plots.plot_sweep, "fig_accuracy.png", n_jobs_run=len(jobs))
 
 
 # ---- capacity by bisection ----------------------------------------------------------------
 
 @dataclass
-class CapacityConfig:
+class CapacityConfig(DictConfig):
     d: list[int] = field(default_factory=lambda: [24, 32, 48, 64])
     seeds: int = 5
     solver: SolverConfig = field(default_factory=SolverConfig)
@@ -145,12 +187,15 @@ class CapacityConfig:
     alpha_hi: float = 1.5  # starting upper bracket (doubled while it still recalls)
     rel_tol: float = 0.01  # stop bisecting when hi - lo <= max(1, rel_tol * lo): p_c resolved to ~1%
 
-    def validate(self) -> None:
-        _check_common(self.d, self.seeds, self.solver.method, self.solver.problem, self.solver.kappa)
+    def __post_init__(self) -> None:
+        self.d = _check_ds(self.d)
+        _check_seeds(self.seeds)
+        _check_type("solver", self.solver, SolverConfig)
+        _check_num("alpha_lo", self.alpha_lo)
+        _check_num("alpha_hi", self.alpha_hi)
         if not (0 < self.alpha_lo < self.alpha_hi):
             raise ValueError(f"--alpha-lo {self.alpha_lo} / --alpha-hi {self.alpha_hi}: need 0 < alpha-lo < alpha-hi")
-        if not (0 <= self.rel_tol < 0.5):
-            raise ValueError(f"--rel-tol {self.rel_tol}: must lie in [0, 0.5)")
+        _check_rel_tol(self.rel_tol)
 
 
 def _bisect_round(states: list[dict], rel_tol: float = 0.0) -> list[tuple[int, int]]:
@@ -242,10 +287,10 @@ def fit_extrapolation(caps: list[dict]) -> dict:
 
 def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
                  executor: Executor | None = None) -> dict:
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.capacity", seed=seed, device=str(device))
-    res_file = run.file("result.json")
-    result = read_json(res_file) if res_file.exists() else {"capacity": [], "summary": [], "evaluations": {}}
+    from . import plots
+
+    run = RunDir(out, cfg, kind="memory.capacity", seed=seed, device=str(device))
+    result = run.read_result({"capacity": [], "summary": [], "evaluations": {}})
     memo: dict[str, bool] = result.setdefault("evaluations", {})
     done = {(c["d"], c["seed"]) for c in result["capacity"]}
     s = cfg.solver
@@ -266,28 +311,31 @@ def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, 
     (executor or LocalExecutor(desc="memory capacity")).map(jobs, on_result)
     if result["capacity"]:
         result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
-    return _finish(run, result, "plot_capacity", "fig_capacity.png", n_jobs_run=len(jobs))
+    return run.finish(result, plots.plot_capacity, "fig_capacity.png", n_jobs_run=len(jobs))
 
 
 # ---- score distributions (mechanism) ------------------------------------------------------
 
 @dataclass
-class ScoresConfig:
+class ScoresConfig(DictConfig):
     d: int = 64  # dimension
     alpha: float = 0.5  # load at which Hebb and trained W are compared (same instance)
     problem: str = "original"
     kappa: float = 1.0
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: MemoryTrainConfig = field(default_factory=MemoryTrainConfig)
 
-    def validate(self) -> None:
-        _check_common([self.d], 1, "trained", self.problem, self.kappa)
-        if self.alpha <= 0:
-            raise ValueError(f"--alpha {self.alpha}: must be positive")
+    def __post_init__(self) -> None:
+        _check_d(self.d)
+        check_choice("problem", self.problem, PROBLEMS)
+        _check_kappa("kappa", self.kappa)
+        _check_positive("alpha", self.alpha)
+        _check_type("train", self.train, MemoryTrainConfig)
 
 
 def run_scores(cfg: ScoresConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.scores", seed=seed, device=str(device))
+    from . import plots
+
+    run = RunDir(out, cfg, kind="memory.scores", seed=seed, device=str(device))
     p = p_for_alpha(cfg.alpha, cfg.d)
     pr = MemoryProblem(cfg.problem, cfg.d, p, seed)
     Ws = {"hebb": solvers.hebb(pr, cfg.kappa), "trained": solvers.train([pr], cfg.kappa, cfg.train, device=device).W[0]}
@@ -297,28 +345,31 @@ def run_scores(cfg: ScoresConfig, out: str | Path, *, device: torch.device, seed
         per_input[name] = {k: np.round(v, 6).tolist() for k, v in arr.items() if k in ("z_target", "z_max")}
     result = {"d": cfg.d, "p": p, "alpha": load(p, cfg.d), "problem": cfg.problem, "kappa": cfg.kappa,
               "summary": summary, "per_input": per_input}
-    return _finish(run, result, "plot_scores", "fig_scores.png")
+    return run.finish(result, plots.plot_scores, "fig_scores.png")
 
 
 # ---- singular-value spectra -----------------------------------------------------------------
 
 @dataclass
-class SpectrumConfig:
+class SpectrumConfig(DictConfig):
     d: int = 64
     alpha: float = 0.8  # load of the instances (the optimum is studied near capacity)
     kappa: float = 1.0
     seeds: int = 3  # singular values are pooled over this many instances
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(early_stop=False, max_steps=3000))
+    train: MemoryTrainConfig = field(default_factory=lambda: MemoryTrainConfig(early_stop=False, steps=3000))
 
-    def validate(self) -> None:
-        _check_common([self.d], self.seeds, "trained", "original", self.kappa)
-        if self.alpha <= 0:
-            raise ValueError(f"--alpha {self.alpha}: must be positive")
+    def __post_init__(self) -> None:
+        _check_d(self.d)
+        _check_positive("alpha", self.alpha)
+        _check_kappa("kappa", self.kappa)
+        _check_seeds(self.seeds)
+        _check_type("train", self.train, MemoryTrainConfig)
 
 
 def run_spectrum(cfg: SpectrumConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.spectrum", seed=seed, device=str(device))
+    from . import plots
+
+    run = RunDir(out, cfg, kind="memory.spectrum", seed=seed, device=str(device))
     p = p_for_alpha(cfg.alpha, cfg.d)
     ops = [MemoryProblem("original", cfg.d, p, seed + k) for k in range(cfg.seeds)]
     dps = [MemoryProblem("decoupled", cfg.d, p, seed + k) for k in range(cfg.seeds)]
@@ -334,31 +385,39 @@ def run_spectrum(cfg: SpectrumConfig, out: str | Path, *, device: torch.device, 
               "ks_op_vs_dp": spec["ks_pairs"]["trained_original|trained_decoupled"],
               "ks_to_theory": spec["ks_to_theory"], "ks_pairs": spec["ks_pairs"],
               "singular_values": {k: np.round(v, 6).tolist() for k, v in spec["singular_values"].items()}}
-    return _finish(run, result, "plot_spectrum", "fig_spectrum.png")
+    return run.finish(result, plots.plot_spectrum, "fig_spectrum.png")
 
 
 # ---- rank constraint --------------------------------------------------------------------------
 
 @dataclass
-class RankConfig:
+class RankConfig(DictConfig):
     d: list[int] = field(default_factory=lambda: [24, 32])
     kappas: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
     seeds: int = 3
     problem: str = "original"
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: MemoryTrainConfig = field(default_factory=MemoryTrainConfig)
     rel_tol: float = 0.01  # bisection resolution on p_c (see CapacityConfig)
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
+        self.d = _check_ds(self.d)
+        if isinstance(self.kappas, (str, bytes)) or not isinstance(self.kappas, (list, tuple)) or not self.kappas:
+            raise bad("kappas", self.kappas, "must be a non-empty list of rank fractions in (0, 1]")
+        self.kappas = list(self.kappas)
         for k in self.kappas:
-            _check_common(self.d, self.seeds, "trained", self.problem, k)
+            _check_kappa("kappas", k)
+        _check_seeds(self.seeds)
+        check_choice("problem", self.problem, PROBLEMS)
+        _check_type("train", self.train, MemoryTrainConfig)
+        _check_rel_tol(self.rel_tol)
 
 
 def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: int = 0,
              executor: Executor | None = None) -> dict:
-    cfg.validate()
-    run = RunDir(out, {"config": cfg, "seed": seed}, kind="memory.rank", seed=seed, device=str(device))
-    res_file = run.file("result.json")
-    result = read_json(res_file) if res_file.exists() else {"capacity": [], "summary": [], "evaluations": {}}
+    from . import plots
+
+    run = RunDir(out, cfg, kind="memory.rank", seed=seed, device=str(device))
+    result = run.read_result({"capacity": [], "summary": [], "evaluations": {}})
     done = {(c["d"], c["kappa"], c["seed"]) for c in result["capacity"]}
     jobs = []
     for kappa in cfg.kappas:
@@ -383,4 +442,4 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
     (executor or LocalExecutor(desc="memory rank")).map(jobs, on_result)
     if result["capacity"]:
         on_result(Job("final", lambda: None), [])
-    return _finish(run, result, "plot_rank", "fig_rank.png", n_jobs_run=len(jobs))
+    return run.finish(result, plots.plot_rank, "fig_rank.png", n_jobs_run=len(jobs))

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..plotting import plt, save
+from ..plotting import save, subplots
 from . import theory
 
 
@@ -19,7 +19,7 @@ def _lines(ax, vertical: bool = True) -> None:
 
 def plot_sweep(result: dict, path) -> None:
     pts = result["points"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = subplots(figsize=(6.4, 4.2))
     groups = defaultdict(list)
     for r in pts:
         groups[(r["d"], r["method"], r["problem"], r["kappa"])].append(r)
@@ -44,7 +44,7 @@ def plot_sweep(result: dict, path) -> None:
 
 def plot_capacity(result: dict, path) -> None:
     caps = result["capacity"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = subplots(figsize=(6.4, 4.2))
     if caps:
         x = np.array([1 / math.log(c["p_c"]) for c in caps if c["p_c"] >= 3])
         y = np.array([c["alpha_c"] for c in caps if c["p_c"] >= 3])
@@ -70,7 +70,7 @@ def plot_capacity(result: dict, path) -> None:
 def plot_scores(result: dict, path) -> None:
     per = result["per_input"]
     methods = list(per)
-    fig, axes = plt.subplots(1, len(methods), figsize=(5.2 * len(methods), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(methods), figsize=(5.2 * len(methods), 3.8), squeeze=False)
     for ax, meth in zip(axes[0], methods):
         zt, zm = np.array(per[meth]["z_target"]), np.array(per[meth]["z_max"])
         bins = np.linspace(min(zt.min(), zm.min()) - 0.2, max(zt.max(), zm.max()) + 0.2, 50)
@@ -88,7 +88,7 @@ def plot_scores(result: dict, path) -> None:
 def plot_spectrum(result: dict, path) -> None:
     sv = result["singular_values"]
     kappa = result.get("kappa", 1.0)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = subplots(figsize=(6.4, 4.2))
     bins = np.linspace(0, 3.2, 40)
     for name, v in sv.items():
         ax.hist(v, bins=bins, density=True, histtype="step", lw=1.5, label=f"{name} (KS {result['ks_to_theory'][name]:.3f})")
@@ -103,7 +103,7 @@ def plot_spectrum(result: dict, path) -> None:
 
 
 def plot_rank(result: dict, path) -> None:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = subplots(figsize=(6.4, 4.2))
     summ = result["summary"]
     for d in sorted({s["d"] for s in summ}):
         rows = sorted((s for s in summ if s["d"] == d), key=lambda s: s["kappa"])

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..config import DictConfig, check_choice, check_float, check_int
 from .problems import ROW_BLOCK, MemoryProblem, scores
 
 logger = logging.getLogger(__name__)
@@ -58,12 +59,17 @@ def hebb(problem: MemoryProblem, kappa: float = 1.0) -> Tensor:
 
 # ---- gradient training -------------------------------------------------------------
 
+LOSSES = ("ce", "ce-margin", "hinge2")
+
+
 @dataclass
-class TrainConfig:
+class MemoryTrainConfig(DictConfig):
+    """Gradient training of a linear memory (:func:`train`); validated on construction."""
+
     lr: float = 1.0  # Adam learning rate (full batch); measured: 1.0 reaches perfect recall fastest near capacity
-    max_steps: int = 5000  # step budget per run
+    steps: int = 5000  # step budget per run
     init_scale: float = 1.0  # W0 entries ~ N(0, init_scale^2 / d) (Gaussian, quarter-circle spectrum)
-    lr_decay: bool = False  # cosine decay of the lr over max_steps (measured: hurts near capacity)
+    lr_decay: bool = False  # cosine decay of the lr over `steps` (measured: hurts near capacity)
     loss: str = "ce"  # "ce": cross-entropy over all p outputs; "ce-margin": CE on logits with the
     #                   target lowered by `margin` (forces a margin at a fixed scale); "hinge2": squared
     #                   multiclass hinge sum_rho relu(margin - (s_target - s_rho))^2 (convex, zero iff separable)
@@ -74,6 +80,17 @@ class TrainConfig:
     #                      perfect-recall check on all competitors) every `refresh` steps; 0 = all competitors
     refresh: int = 20  # steps between active-set refreshes
     dp_memory_gb: float = 4.0  # max GB of dense DP competitors held per batch
+
+    def __post_init__(self) -> None:
+        check_float("lr", self.lr, lo=0, lo_open=True)
+        check_int("steps", self.steps, 1)
+        check_float("init_scale", self.init_scale, lo=0, lo_open=True)
+        check_choice("loss", self.loss, LOSSES)
+        check_float("margin", self.margin)
+        check_int("patience", self.patience, 0)
+        check_int("active_set", self.active_set, 0)
+        check_int("refresh", self.refresh, 1)
+        check_float("dp_memory_gb", self.dp_memory_gb, lo=0, lo_open=True)
 
 
 @dataclass
@@ -91,13 +108,15 @@ def _pad(rows: list[Tensor], P: int) -> Tensor:
     return out
 
 
-def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | None = None,
+def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainConfig | None = None,
           device: str | torch.device = "cpu", seed: int = 0) -> TrainOutput:
     """Train W for every problem in one batched computation.
 
     All problems must share kind and d; p may differ (padding + masks).
     """
-    cfg = cfg or TrainConfig()
+    cfg = MemoryTrainConfig() if cfg is None else cfg
+    if not isinstance(cfg, MemoryTrainConfig):
+        raise TypeError(f"train() needs a MemoryTrainConfig, got {type(cfg).__name__}")
     if not problems:
         raise ValueError("train() needs at least one problem")
     kind, d = problems[0].kind, problems[0].d
@@ -144,10 +163,10 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
 
     W_init = [w.detach().cpu().clone() for w in weight()]
     opt = torch.optim.Adam(params, lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.max_steps) if cfg.lr_decay else None
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps) if cfg.lr_decay else None
     best_acc = torch.full((B,), -1.0, device=dev)
     best_W = weight().detach().clone()
-    steps = torch.full((B,), cfg.max_steps, dtype=torch.long)
+    steps = torch.full((B,), cfg.steps, dtype=torch.long)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     best_err = torch.full((B,), P + 1, dtype=torch.long, device=dev)
     last_gain = torch.zeros(B, dtype=torch.long, device=dev)
@@ -180,10 +199,10 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
             valid &= top != rows  # an input's own output is its target, not a competitor
         return (T_a * V).sum(-1), comp.masked_fill(~valid, neg)
 
-    for step in range(cfg.max_steps + 1):
+    for step in range(cfg.steps + 1):
         W = weight()[idx]
         V = torch.bmm(E_a, W.transpose(1, 2))  # (b, P, d): v_mu = W e_mu
-        check = K == 0 or step % cfg.refresh == 0 or step == cfg.max_steps
+        check = K == 0 or step % cfg.refresh == 0 or step == cfg.steps
         if K == 0:
             tgt, comp_all = full_scores(V)
         elif check:  # exact check on all competitors, then refresh the active set
@@ -210,7 +229,7 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: TrainConfig | 
                 for b in idx[finished].tolist():
                     steps[b] = step
                 done[idx[finished]] = True
-        if bool(done.all()) or step == cfg.max_steps:
+        if bool(done.all()) or step == cfg.steps:
             break
         if K:  # loss on the active set only (the full set is checked at each refresh)
             tgt, comp_all = active_scores(V)

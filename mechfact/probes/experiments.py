@@ -1,27 +1,38 @@
-"""Probe runs: a typed config plus ``run_*(model_spec, cfg, out)`` writing a standard run directory.
+"""The probes as in-memory functions, and the ``run_*`` wrappers that add run directories and figures.
 
-Every run directory holds ``config.json`` (first; includes the model spec),
-``result.json``, ``meta.json`` and ``fig_*.png`` drawn from result.json
-(:mod:`mechfact.probes.plots`). ``model`` is a fact-model run directory (what
-``mechfact facts train|construct`` writes) or, once :mod:`mechfact.llm.loading`
-exists, a pretrained model name (readout / intervene only: the other probes
-need a fact world).
+In memory (what ``import mechfact`` exports): :func:`superposition`,
+:func:`intervene`, and :func:`probe_all` (every probe once on a fact model),
+beside :func:`~mechfact.probes.readout.readout`,
+:func:`~mechfact.probes.swap.freeze_and_swap` and
+:func:`~mechfact.probes.weights.scores_and_spectra`. Each returns a result object
+with ``to_dict()``.
+
+Run directories (``mechfact probe ...``): ``run_*(spec, cfg, out)`` loads the
+target with :func:`load_target`, runs the in-memory probe and writes
+``config.json`` (first), ``result.json``, ``meta.json`` and ``fig_*.png`` drawn
+from result.json (:mod:`mechfact.probes.plots`). ``spec`` is a fact-model run
+directory (what ``mechfact facts train|construct`` writes) or a pretrained model
+(hub name, local Hugging Face folder, ``.gguf`` file, ``default``): readout,
+intervene and scores take both; superposition and swap need a fact world.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..config import DictConfig
+from .. import hooks
+from ..config import DictConfig, check_choice, check_float, check_int
+from ..facts.train import TrainConfig
 from ..runs import RunDir
-from .fit import FitConfig
-from .queries import ProbeSet, from_world
+from .queries import ProbeSet, as_probe_set
+from .readout import DEFAULT_SITES
+from .swap import RETRAIN
 
 logger = logging.getLogger(__name__)
 
@@ -30,108 +41,69 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ReadoutConfig(DictConfig):
-    sites: list[str] = field(default_factory=lambda: ["hook_embed@subject", "blocks.0.hook_resid_mid@last",
-                                                      "blocks.0.mlp.hook_post@last", "blocks.0.hook_resid_post@last"])
+    sites: list[str] = field(default_factory=lambda: list(DEFAULT_SITES))
     relations: list[int] | None = None  # None = all
     kind: str = "auto"  # auto | vector | classifier
     heldout_fraction: float = 0.25  # share of subjects held out
     alpha: float = 1.0  # ridge strength (vector readouts; features scaled to unit RMS)
+
+    def __post_init__(self) -> None:
+        from .queries import Site
+
+        self.sites = [str(Site.parse(s)) for s in self.sites]
+        check_choice("kind", self.kind, ("auto", "vector", "classifier"))
+        check_float("heldout", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
+        check_float("alpha", self.alpha, lo=0, lo_open=True)
 
 
 @dataclass
 class SuperpositionConfig(DictConfig):
     heldout_fraction: float = 0.2  # share of subjects held out of the fit
 
+    def __post_init__(self) -> None:
+        check_float("heldout", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
+
 
 @dataclass
 class InterveneConfig(DictConfig):
     relations: list[int] | None = None  # relations whose selector units are ablated (None = all)
-    site: str = "blocks.0.mlp.hook_post"  # units to ablate (post-ReLU)
+    site: str | None = None  # units to ablate (post-ReLU); None = blocks.<layer>.mlp.hook_post
     n_units: int | None = None  # None = every unit preferring the relation
     kind: str = "zero"  # zero | mean (ablation kind)
     swap_pairs: list[list[int]] | None = None  # relation-token swaps (r, r'); None = (r, r+1 mod R)
+    layer: int | None = None  # block of the default site (None: 0 for a fact model, the middle block of an LLM)
+
+    def __post_init__(self) -> None:
+        if self.n_units is not None:
+            check_int("units", self.n_units, 1)
+        check_choice("ablation", self.kind, ("zero", "mean"))
+        if self.layer is not None:
+            check_int("layer", self.layer, 0)
 
 
 @dataclass
 class SwapConfig(DictConfig):
     new_seed: int = 1  # seed of the new random bijections
-    retrain: FitConfig = field(default_factory=lambda: FitConfig(lr=1e-2, steps=300, eval_every=25))
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SwapConfig":
-        d = dict(d)
-        if isinstance(d.get("retrain"), dict):
-            d["retrain"] = FitConfig.from_dict(d["retrain"])
-        return super().from_dict(d)
+    retrain: TrainConfig = field(default_factory=lambda: RETRAIN)  # how fresh embeddings are retrained
 
 
 @dataclass
-class ScoresConfig(DictConfig):
-    pass
+class LogitScoresConfig(DictConfig):
+    layer: int | None = None  # MLP block whose effective maps are analysed (None: 0 / the middle block of an LLM)
+
+    def __post_init__(self) -> None:
+        if self.layer is not None:
+            check_int("layer", self.layer, 0)
 
 
-# ---- model loading --------------------------------------------------------------------
+# ---- in-memory probes -------------------------------------------------------------------
 
-def load_model(spec: str | os.PathLike, device: str | torch.device = "cpu"):
-    """``(model, world_or_None, probe_set_or_None)`` from a fact run dir, or a pretrained name."""
-    from ..facts.runio import is_fact_run, load_fact_run
+def superposition(model, world, heldout_fraction: float = 0.2, seed: int = 0):
+    """Is each subject embedding a superposition of its attribute vectors? (:mod:`.superposition`)
 
-    p = Path(spec)
-    if p.exists():
-        if not p.is_dir() or not (is_fact_run(p) or (p / "world.json").is_file()):
-            raise ValueError(f"--model {spec}: not a fact-model run directory (expected world.json and model/ as "
-                             "written by `mechfact facts train` or `mechfact facts construct`)")
-        model, world = load_fact_run(p, device=device)
-        model.eval()
-        return model, world, from_world(world)
-    if str(spec).startswith(("/", ".", "~")) or str(spec).endswith(os.sep):
-        raise ValueError(f"--model {spec}: no such run directory")
-    try:
-        from ..llm import loading  # type: ignore[attr-defined]
-    except ImportError:
-        raise ValueError(f"--model {spec}: no such run directory, and pretrained models need mechfact.llm.loading, "
-                         "which this install does not have") from None
-    loader = getattr(loading, "load_probe_target", None)
-    if loader is None:
-        raise ValueError(f"--model {spec}: no such run directory; mechfact.llm.loading has no load_probe_target "
-                         "(model, ProbeSet) entry point yet")
-    model, ps = loader(str(spec), device=device)
-    return model, None, ps
-
-
-def _need_world(world, what: str, spec) -> None:
-    if world is None:
-        raise ValueError(f"probe {what} needs a synthetic fact model (world.json); --model {spec} is a pretrained model")
-
-
-def _finish(run: RunDir, result: dict, fig: str, plot) -> dict:
-    run.write_result(result)
-    try:
-        plot(result, run.file(fig))
-    except Exception as exc:  # a figure must never lose a result
-        logger.warning("figure %s failed: %s", fig, exc)
-    run.write_meta()
-    return result
-
-
-def _dev(device) -> str:
-    return str(device)
-
-
-# ---- runs -------------------------------------------------------------------------------
-
-def run_readout(spec, cfg: ReadoutConfig, out, *, device="cpu", seed: int = 0) -> dict:
-    from . import plots
-    from .readout import readout
-
-    model, world, ps = load_model(spec, device)
-    run = RunDir(out, {"model": str(spec), **cfg.to_dict()}, kind="probe.readout", seed=seed, device=_dev(device))
-    res = readout(model, ps, cfg.sites, relations=cfg.relations, kind=cfg.kind, heldout_fraction=cfg.heldout_fraction,
-                  alpha=cfg.alpha, seed=seed)
-    return _finish(run, res.to_dict(), "fig_readout.png", plots.plot_readout)
-
-
-def superposition_of(model, world, heldout_fraction: float = 0.2, seed: int = 0):
+    Fits on ``1 - heldout_fraction`` of the subjects, scores R^2 on the rest, beside a shuffled control.
+    Returns a :class:`~mechfact.probes.superposition.SuperpositionResult`.
+    """
     from .superposition import split_entities, superposition_test
     from .swap import attribute_vectors, subject_embeddings
 
@@ -141,78 +113,69 @@ def superposition_of(model, world, heldout_fraction: float = 0.2, seed: int = 0)
                               seed=seed)
 
 
-def run_superposition(spec, cfg: SuperpositionConfig, out, *, device="cpu", seed: int = 0) -> dict:
-    from . import plots
+@dataclass
+class InterventionResult:
+    """Selector-unit ablation per relation (``per_relation``) plus relation-token swaps."""
 
-    model, world, _ = load_model(spec, device)
-    _need_world(world, "superposition", spec)
-    run = RunDir(out, {"model": str(spec), **cfg.to_dict()}, kind="probe.superposition", seed=seed, device=_dev(device))
-    res = superposition_of(model, world, cfg.heldout_fraction, seed)
-    return _finish(run, res.to_dict(), "fig_superposition.png", plots.plot_superposition)
+    site: str
+    per_relation: list[dict]  # relation, ablated units, accuracy on it / the others / with random units
+    clean_per_relation: list[float]
+    chance: float
+    relation_swaps: list[dict]
+    selectivity: dict = field(repr=False, default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["relation_swaps"] = d.pop("relation_swaps")  # result.json key order: swaps last
+        return d
+
+    @property
+    def records(self) -> list[dict]:
+        """One row per ablated relation (without the unit lists)."""
+        return [{k: v for k, v in r.items() if k not in ("ablated_units", "random_units", "intervention")}
+                for r in self.per_relation]
 
 
-def intervene(model, ps: ProbeSet, cfg: InterveneConfig, seed: int = 0) -> dict:
+def intervene(model, queries, *, relations=None, site: str | None = None, layer: int = 0, n_units: int | None = None,
+              kind: str = "zero", swap_pairs=None, seed: int = 0) -> InterventionResult:
+    """Ablate each relation's selector units (and as many random ones), and swap relation tokens.
+
+    ``queries``: a ProbeSet or a FactWorld. ``site`` defaults to ``blocks.<layer>.mlp.hook_post``.
+    Relation-token swaps need queries with a relation token (fact models); for pretrained-model prompts
+    only the ablation runs.
+    """
     from .patching import ablate_relation_units, relation_swap
 
-    ab = ablate_relation_units(model, ps, cfg.relations, site=cfg.site, n_units=cfg.n_units, kind=cfg.kind, seed=seed)
+    ps = as_probe_set(queries)
+    site = site or hooks.mlp_post(layer)
+    ab = ablate_relation_units(model, ps, relations, site=site, n_units=n_units, kind=kind, seed=seed)
     rels = ps.relation_ids
-    pairs = cfg.swap_pairs
+    pairs = swap_pairs
     if pairs is None and ps.relation_pos is not None and len(rels) > 1:
         pairs = [[r, rels[(i + 1) % len(rels)]] for i, r in enumerate(rels)]
     swaps = [relation_swap(model, ps, a, b).to_dict() for a, b in (pairs or [])]
-    return {**ab.to_dict(), "relation_swaps": swaps}
+    return InterventionResult(ab.site, ab.per_relation, ab.clean_per_relation, ab.chance, swaps, ab.selectivity)
 
-
-def run_intervene(spec, cfg: InterveneConfig, out, *, device="cpu", seed: int = 0) -> dict:
-    from . import plots
-
-    model, _, ps = load_model(spec, device)
-    run = RunDir(out, {"model": str(spec), **cfg.to_dict()}, kind="probe.intervene", seed=seed, device=_dev(device))
-    return _finish(run, intervene(model, ps, cfg, seed), "fig_intervene.png", plots.plot_intervene)
-
-
-def run_swap(spec, cfg: SwapConfig, out, *, device="cpu", seed: int = 0) -> dict:
-    from . import plots
-    from .swap import freeze_and_swap
-
-    model, world, _ = load_model(spec, device)
-    _need_world(world, "swap", spec)
-    run = RunDir(out, {"model": str(spec), **cfg.to_dict()}, kind="probe.swap", seed=seed, device=_dev(device))
-    res = freeze_and_swap(model, world, new_seed=cfg.new_seed, retrain=cfg.retrain, seed=seed)
-    return _finish(run, res.to_dict(), "fig_swap.png", plots.plot_swap)
-
-
-def run_scores(spec, cfg: ScoresConfig, out, *, device="cpu", seed: int = 0) -> dict:
-    from . import plots
-    from .weights import scores_and_spectra
-
-    model, world, ps = load_model(spec, device)
-    _need_world(world, "scores", spec)
-    run = RunDir(out, {"model": str(spec), **cfg.to_dict()}, kind="probe.scores", seed=seed, device=_dev(device))
-    return _finish(run, scores_and_spectra(model, ps).to_dict(), "fig_scores.png", plots.plot_scores)
-
-
-# ---- everything at once on an in-memory model (quickstart, examples, studies) ----------
 
 def probe_all(model, world, *, seed: int = 0, swap: SwapConfig | None = None, readout_sites=None) -> dict:
     """Superposition, readout (embedding site), ablation + relation swaps, freeze-and-swap: one dict."""
     from .readout import readout
     from .swap import freeze_and_swap
 
-    ps = from_world(world)
-    sp = superposition_of(model, world, seed=seed)
-    rd = readout(model, ps, readout_sites or ["hook_embed@subject"], seed=seed)
-    iv = intervene(model, ps, InterveneConfig(), seed)
+    ps = ProbeSet.from_world(world)
+    sp = superposition(model, world, seed=seed)
+    rd = readout(model, ps, readout_sites or [f"{hooks.embed()}@subject"], seed=seed)
+    iv = intervene(model, ps, seed=seed)
     swap = swap or SwapConfig()
     sw = freeze_and_swap(model, world, new_seed=swap.new_seed, retrain=swap.retrain, sfit=sp.fit, seed=seed)
-    return {"superposition": sp.to_dict(), "readout": rd.to_dict(), "intervene": iv, "swap": sw.to_dict()}
+    return {"superposition": sp.to_dict(), "readout": rd.to_dict(), "intervene": iv.to_dict(), "swap": sw.to_dict()}
 
 
 def summary(res: dict) -> dict:
-    """The headline numbers of :func:`probe_all`."""
+    """The headline numbers of :func:`probe_all` (per relation where relations differ)."""
     sp, rd, iv, sw = res["superposition"], res["readout"]["per_relation"], res["intervene"], res["swap"]
-    emb = [r["accuracy"] for r in rd if r["site"].startswith("hook_embed")]
-    emb_c = [r["control_accuracy"] for r in rd if r["site"].startswith("hook_embed")]
+    emb = [r["accuracy"] for r in rd if r["site"].startswith(hooks.embed())]
+    emb_c = [r["control_accuracy"] for r in rd if r["site"].startswith(hooks.embed())]
     pr = iv["per_relation"]
     return {
         "r2_train": sp["r2_train"], "r2_heldout": sp["r2_heldout"], "control_r2_heldout": sp["control_r2_heldout"],
@@ -233,7 +196,7 @@ def summary(res: dict) -> dict:
 
 
 def quick(n_entities: int = 128, n_relations: int = 4, *, model: str = "construct", seed: int = 0,
-          retrain_steps: int = 30) -> dict:
+          retrain_steps: int = 30, device: str | torch.device = "cpu") -> dict:
     """A fast small version for the quickstart: build (or train) a model, run every probe once, return numbers.
 
     ``model="construct"``: the explicit construction (block size 24; a few
@@ -242,19 +205,135 @@ def quick(n_entities: int = 128, n_relations: int = 4, *, model: str = "construc
     steps; 20-50 s at N = 128 on one CPU thread).
     Returns :func:`summary` of :func:`probe_all` plus ``model`` and ``train_accuracy``.
     """
-    from ..facts import FactModel, FactModelConfig, FactWorld, build_single_hop, evaluate
+    from ..facts import FactWorld, build_fact_model, build_single_hop, evaluate, train
 
     world = FactWorld(n_entities, n_relations, seed=seed)
     if model == "construct":
-        m = build_single_hop(world, 24, seed=seed)
+        m = build_single_hop(world, 24, seed=seed).to(device)
     elif model == "trained":
-        from .fit import train_fact_model
-
-        m = FactModel(FactModelConfig(n_entities, n_relations, d=32, mlp_width=32, seed=seed))
-        train_fact_model(m, world, FitConfig(lr=1e-2, steps=1500, l2=1e-3, eval_every=500))
+        m = build_fact_model(world, d=32, mlp_width=32, seed=seed)
+        train(m, world, TrainConfig(lr=1e-2, steps=1500, l2=1e-3, eval_every=500, target_accuracy=None),
+              device=device)
+        m.eval()
     else:
         raise ValueError(f"model={model!r}: allowed construct, trained")
-    res = probe_all(m, world, seed=seed, swap=SwapConfig(retrain=FitConfig(lr=3e-2, steps=retrain_steps,
-                                                                           eval_every=max(1, retrain_steps // 3))))
+    res = probe_all(m, world, seed=seed, swap=SwapConfig(retrain=TrainConfig(
+        lr=3e-2, steps=retrain_steps, eval_every=max(1, retrain_steps // 3), target_accuracy=None)))
     return {"model": model, "n_entities": n_entities, "n_relations": n_relations,
             "train_accuracy": evaluate(m, world)["accuracy"], **summary(res)}
+
+
+# ---- targets of the probe commands ---------------------------------------------------------
+
+def is_fact_run(spec) -> bool:
+    """Whether ``spec`` names a fact-model run directory (else: a pretrained model)."""
+    from ..facts.runio import WORLD_FILE, is_fact_run as has_model
+
+    p = Path(spec)
+    return p.is_dir() and (has_model(p) or (p / WORLD_FILE).is_file())
+
+
+def load_target(spec: str | os.PathLike, device: str | torch.device = "cpu", **prompts):
+    """``(model, world_or_None, probe_set)`` for ``mechfact probe ... --model spec``.
+
+    A fact-model run directory gives its FactModel, FactWorld and single-hop queries. Anything else is a
+    pretrained model (:func:`mechfact.llm.loading.load_model`: hub name, local Hugging Face folder, ``.gguf``
+    file, ``default``) with the prompts of ``prompts`` (:func:`mechfact.llm.prompts.probe_set` options:
+    ``relations``, ``relation_names``, ``k_shot``, ``template``, ``max_samples``, ``seed``, ``dtype``).
+    """
+    from ..facts.runio import load_fact_run
+
+    if is_fact_run(spec):
+        model, world = load_fact_run(spec, device=device)
+        return model.eval(), world, ProbeSet.from_world(world)
+    p = Path(spec).expanduser()
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise ValueError(f"--model {spec}: neither a fact-model run directory (world.json + model/, as written "
+                         "by `mechfact facts train|construct`) nor a Hugging Face model folder (config.json)")
+    if not p.exists() and (str(spec).startswith(("/", ".", "~")) or str(spec).count("/") > 1):
+        raise ValueError(f"--model {spec}: no such run directory or model file")
+    from ..llm.loading import load_model
+    from ..llm.prompts import probe_set
+    from ..llm.relations import load_relations
+
+    dtype = prompts.pop("dtype", "float32")
+    rels = load_relations(prompts.pop("relations", None), prompts.pop("relation_names", None))
+    lm = load_model(spec, device=device, dtype=dtype)
+    return lm, None, probe_set(lm, rels, **prompts)
+
+
+def _need_world(world, what: str, spec) -> None:
+    if world is None:
+        raise ValueError(f"probe {what} needs a synthetic fact model (world.json); --model {spec} is a pretrained model")
+
+
+def _identity(model, spec) -> dict:
+    mid = getattr(model, "model_id", None)
+    return {"model": str(spec), **({"model_id": mid} if mid else {})}
+
+
+# ---- runs -------------------------------------------------------------------------------
+
+def run_readout(spec, cfg: ReadoutConfig, out, *, device="cpu", seed: int = 0) -> dict:
+    """Readouts per relation and site of a fact model (pretrained models: :func:`mechfact.llm.probe.run_llm_probe`)."""
+    from .plots import plot_readout
+    from .readout import readout
+
+    model, world, ps = load_target(spec, device)
+    _need_world(world, "readout --sites", spec)
+    run = RunDir(out, cfg, kind="probe.readout", seed=seed, device=str(device), **_identity(model, spec))
+    res = readout(model, ps, cfg.sites, relations=cfg.relations, kind=cfg.kind, heldout_fraction=cfg.heldout_fraction,
+                  alpha=cfg.alpha, seed=seed)
+    return run.finish(res.to_dict(), plot_readout, "fig_readout.png")
+
+
+def run_superposition(spec, cfg: SuperpositionConfig, out, *, device="cpu", seed: int = 0) -> dict:
+    from .plots import plot_superposition
+
+    model, world, _ = load_target(spec, device)
+    _need_world(world, "superposition", spec)
+    run = RunDir(out, cfg, kind="probe.superposition", seed=seed, device=str(device), **_identity(model, spec))
+    res = superposition(model, world, cfg.heldout_fraction, seed)
+    return run.finish(res.to_dict(), plot_superposition, "fig_superposition.png")
+
+
+def _default_layer(model, layer: int | None) -> int:
+    n = getattr(model, "n_layers", None)
+    if layer is None:
+        return 0 if n is None else n // 2
+    if n is not None and layer >= n:
+        raise ValueError(f"--layer {layer}: out of range; the model has layers 0..{n - 1}")
+    return layer
+
+
+def run_intervene(spec, cfg: InterveneConfig, out, *, device="cpu", seed: int = 0, **prompts) -> dict:
+    from .plots import plot_intervene
+
+    model, _, ps = load_target(spec, device, **prompts)
+    run = RunDir(out, cfg, kind="probe.intervene", seed=seed, device=str(device), **_identity(model, spec),
+                 **({"prompts": prompts} if prompts else {}))
+    res = intervene(model, ps, relations=cfg.relations, site=cfg.site, layer=_default_layer(model, cfg.layer),
+                    n_units=cfg.n_units, kind=cfg.kind, swap_pairs=cfg.swap_pairs, seed=seed)
+    return run.finish(res.to_dict(), plot_intervene, "fig_intervene.png")
+
+
+def run_swap(spec, cfg: SwapConfig, out, *, device="cpu", seed: int = 0) -> dict:
+    from .plots import plot_swap
+    from .swap import freeze_and_swap
+
+    model, world, _ = load_target(spec, device)
+    _need_world(world, "swap", spec)
+    run = RunDir(out, cfg, kind="probe.swap", seed=seed, device=str(device), **_identity(model, spec))
+    res = freeze_and_swap(model, world, new_seed=cfg.new_seed, retrain=cfg.retrain, seed=seed)
+    return run.finish(res.to_dict(), plot_swap, "fig_swap.png")
+
+
+def run_scores(spec, cfg: LogitScoresConfig, out, *, device="cpu", seed: int = 0, **prompts) -> dict:
+    from .plots import plot_scores
+    from .weights import scores_and_spectra
+
+    model, _, ps = load_target(spec, device, **prompts)
+    run = RunDir(out, cfg, kind="probe.scores", seed=seed, device=str(device), **_identity(model, spec),
+                 **({"prompts": prompts} if prompts else {}))
+    res = scores_and_spectra(model, ps, layer=_default_layer(model, cfg.layer))
+    return run.finish(res.to_dict(), plot_scores, "fig_scores.png")

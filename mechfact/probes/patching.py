@@ -30,11 +30,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..facts import hooks
-from .queries import ProbeSet, check_hooks, check_relation, logits_of, model_device
+from .. import hooks
+from .queries import ProbeSet, as_probe_set, check_hooks, check_position, check_relation, logits_of, model_device
 
 KINDS = ("zero", "ablate", "mean", "set", "patch")
-POSITIONS = ("subject", "last", "relation", "all")
 
 
 @dataclass
@@ -42,14 +41,13 @@ class Intervention:
     site: str  # hook name, e.g. blocks.0.mlp.hook_post
     kind: str = "zero"  # see KINDS
     units: list[int] | None = None  # feature indices on the last axis; None = all
-    position: str = "last"  # subject | last (answer position) | relation | all
+    position: str = "last"  # subject | subject_first | relation | last (answer position) | all
     values: list[float] | None = None  # for kind="set"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"intervention kind {self.kind!r}: allowed {', '.join(KINDS)}")
-        if self.position not in POSITIONS:
-            raise ValueError(f"intervention position {self.position!r}: allowed {', '.join(POSITIONS)}")
+        self.position = check_position(self.position)
         if self.kind == "set" and self.values is None:
             raise ValueError("kind='set' needs values")
         if self.units is not None:
@@ -57,16 +55,6 @@ class Intervention:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _positions(ps: ProbeSet, where: str) -> torch.Tensor | None:
-    if where == "all":
-        return None
-    if where == "relation":
-        if ps.relation_pos is None:
-            raise ValueError("position 'relation' needs queries with relation_pos")
-        return ps.relation_pos
-    return ps.subject_pos if where == "subject" else ps.answer_pos
 
 
 def _select(act: torch.Tensor, pos: torch.Tensor | None, units) -> tuple:
@@ -92,6 +80,7 @@ def _cache(model, tokens, names):
 def run_with_interventions(model, ps: ProbeSet, interventions: list[Intervention], *,
                            source: ProbeSet | None = None) -> torch.Tensor:
     """Logits at each query's answer position, (n, vocab), with every intervention applied."""
+    ps = as_probe_set(ps)
     check_hooks(model, [iv.site for iv in interventions])
     dev = model_device(model)
     tokens = ps.tokens.to(dev)
@@ -104,7 +93,7 @@ def run_with_interventions(model, ps: ProbeSet, interventions: list[Intervention
         src = _cache(model, source.tokens.to(dev), need_src)
     fwd = []
     for iv in interventions:
-        pos = _positions(ps, iv.position)
+        pos = ps.positions(iv.position)
 
         def hook(act, hook=None, iv=iv, pos=pos):
             _check_units(iv, act.shape[-1])
@@ -121,7 +110,7 @@ def run_with_interventions(model, ps: ProbeSet, interventions: list[Intervention
                 act[idx] = (mean if iv.units is None else mean[torch.as_tensor(iv.units, dtype=torch.long)]).to(act.dtype)
             else:  # patch: same rows and positions (source positions of the same kind)
                 s = src[iv.site]
-                spos = _positions(source, iv.position)
+                spos = source.positions(iv.position)
                 act[idx] = s[_select(s, spos, iv.units)].to(act.dtype)
             return act
 
@@ -154,6 +143,7 @@ class RelationSwap:
 
 def relation_swap(model, ps: ProbeSet, r: int, r_new: int, site: str | None = None) -> RelationSwap:
     """Patch the relation token's embedding of ``[s, r]`` with that of ``[s, r_new]`` (same subjects)."""
+    ps = as_probe_set(ps)
     check_relation(ps, r), check_relation(ps, r_new)
     if ps.relation_pos is None:
         raise ValueError("relation_swap needs queries with a single relation token (relation_pos)")
@@ -189,6 +179,7 @@ class Selectivity:
 @torch.no_grad()
 def selectivity(model, ps: ProbeSet, site: str | None = None) -> Selectivity:
     """Mean (post-ReLU) activation of each unit at the answer position, per relation."""
+    ps = as_probe_set(ps)
     site = site or hooks.mlp_post(0)
     check_hooks(model, [site])
     cache = _cache(model, ps.tokens.to(model_device(model)), [site])[site]
@@ -227,6 +218,7 @@ def relation_units(sel: Selectivity, r: int, n_units: int | None = None) -> list
 def ablate_relation_units(model, ps: ProbeSet, relations: list[int] | None = None, *, site: str | None = None,
                           n_units: int | None = None, kind: str = "zero", seed: int = 0) -> AblationResult:
     """Per relation r: ablate r's selector units; accuracy on r, on the others, and with random units."""
+    ps = as_probe_set(ps)
     site = site or hooks.mlp_post(0)
     sel = selectivity(model, ps, site)
     rels = ps.relation_ids if relations is None else list(relations)

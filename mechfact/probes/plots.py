@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plotting import plt, save
+from ..plotting import save, subplots
 
 
 def plot_readout(result: dict, path) -> None:
     rows = result["per_relation"]
     sites = result["sites"]
     rels = sorted({r["relation"] for r in rows})
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(sites) + 2), 3.8))
+    fig, ax = subplots(figsize=(max(5.0, 1.4 * len(sites) + 2), 3.8))
     w = 0.8 / max(len(rels), 1)
     for j, r in enumerate(rels):
         acc = [next((x["accuracy"] for x in rows if x["relation"] == r and x["site"] == s), np.nan) for s in sites]
@@ -30,7 +30,7 @@ def plot_readout(result: dict, path) -> None:
 
 
 def plot_superposition(result: dict, path) -> None:
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8.5, 3.6))
+    fig, (a, b) = subplots(1, 2, figsize=(8.5, 3.6))
     names = ["train", "held-out", "control held-out"]
     vals = [result["r2_train"], result["r2_heldout"], result["control_r2_heldout"]]
     a.bar(names, vals, color=["tab:blue", "tab:green", "tab:gray"])
@@ -49,7 +49,7 @@ def plot_superposition(result: dict, path) -> None:
 def plot_intervene(result: dict, path) -> None:
     pr = result["per_relation"]
     rels = [r["relation"] for r in pr]
-    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    fig, ax = subplots(figsize=(6.0, 3.8))
     x = np.arange(len(rels))
     ax.bar(x - 0.27, [r["accuracy_on_relation"] for r in pr], 0.27, label="ablated relation")
     ax.bar(x, [r["accuracy_on_others"] for r in pr], 0.27, label="other relations")
@@ -69,7 +69,7 @@ def plot_intervene(result: dict, path) -> None:
 
 
 def plot_swap(result: dict, path) -> None:
-    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    fig, ax = subplots(figsize=(6.0, 3.8))
     for key, label in (("retrain_curve", "new facts (embeddings retrained)"),
                        ("control_relearn_curve", "original facts relearned (control)")):
         c = result[key]
@@ -85,7 +85,7 @@ def plot_swap(result: dict, path) -> None:
 
 
 def plot_scores(result: dict, path) -> None:
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9.0, 3.6))
+    fig, (a, b) = subplots(1, 2, figsize=(9.0, 3.6))
     a.hist(result["z_target"], bins=40, alpha=0.7, density=True, label="target")
     a.hist(result["z_max"], bins=40, alpha=0.7, density=True, label="max competitor")
     a.axvline(result["evt_sqrt_2lnn"], color="k", ls="--", lw=1, label=r"$\sqrt{2\ln n}$")

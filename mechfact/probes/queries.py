@@ -1,33 +1,62 @@
 """What every probe consumes: a hooked model plus a :class:`ProbeSet` of (subject, relation, object) queries.
 
-A ``ProbeSet`` is model-agnostic: token ids, the position of the subject's
-(last) token, the position whose logits predict the object, and integer ids.
-:func:`from_world` builds one from a :class:`~mechfact.facts.FactWorld`
-(tokens ``[s, r]``: subject at position 0, answer read at position 1); a
-pretrained-model loader builds the same object from prompt templates.
+A ``ProbeSet`` is model-agnostic: right-padded token ids with each query's
+length, the positions that matter (the subject's last and first token, the
+relation token where there is one, the answer position whose logits predict the
+object) and integer ids. Two builders, one per source of queries:
 
-Sites name what a probe reads: a hook point plus a position, ``subject``
-(the subject's token) or ``last`` (the answer position), e.g.
-``Site("blocks.0.hook_resid_mid", "last")``. :func:`collect` runs the model once
-with a cache restricted to the requested hooks and returns one
-(n_queries, features) array per site.
+* :meth:`ProbeSet.from_world` -- the single-hop queries ``[s, r]`` of a
+  :class:`~mechfact.facts.world.FactWorld` (subject at position 0, relation and
+  answer at position 1);
+* :meth:`ProbeSet.from_prompts` -- tokenised relation prompts of a pretrained
+  model (:mod:`mechfact.llm.prompts`; :func:`mechfact.llm.prompts.probe_set`
+  builds them from :class:`~mechfact.llm.relations.Relation` objects).
+
+Positions, ONE vocabulary for sites, interventions and the LLM commands
+(:data:`POSITIONS`): ``subject`` (the subject's last token; ``subject_last`` is
+accepted as its other name), ``subject_first``, ``relation``, ``last`` (the
+answer position, the prompt's last token) and, for interventions only, ``all``.
+
+A :class:`Site` names what a probe reads: a hook point (:mod:`mechfact.hooks`)
+plus a position, e.g. ``Site(hooks.resid(0, "mid"), "last")``.
+:func:`collect` is the one activation collector: length-sorted batches, right or
+left padding, a cache restricted to the requested hooks, one row per query and
+site, the greedy next token, and an optional disk cache keyed by the model's
+identity.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from dataclasses import dataclass
+from typing import Sequence
 
-import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
+from tqdm.auto import tqdm
 
-POSITIONS = ("subject", "last")
+logger = logging.getLogger(__name__)
+
+POSITIONS = ("subject", "subject_first", "relation", "last", "all")
+ALIASES = {"subject_last": "subject"}
+SITE_POSITIONS = POSITIONS[:-1]  # a site reads ONE position per query
+PADDING = ("right", "left")
+
+
+def check_position(position: str, allowed: Sequence[str] = POSITIONS) -> str:
+    """The canonical name of ``position`` (``subject_last`` -> ``subject``); ValueError naming the allowed ones."""
+    p = ALIASES.get(position, position)
+    if p not in allowed:
+        raise ValueError(f"position {position!r}: allowed values are {', '.join(allowed)} (subject_last = subject)")
+    return p
 
 
 @dataclass
 class ProbeSet:
-    """n queries; all tensors (n,) except ``tokens`` (n, pos)."""
+    """n queries; all tensors (n,) except ``tokens`` (n, pos), right-padded with ``pad_id``."""
 
     tokens: Int[Tensor, "n pos"]
     subjects: Int[Tensor, "n"]  # subject ids (e.g. entity ids)
@@ -35,9 +64,12 @@ class ProbeSet:
     objects: Int[Tensor, "n"]  # object ids (rows of an object-vector table)
     object_tokens: Int[Tensor, "n"]  # output-vocabulary index of the object (accuracy = argmax == this)
     subject_pos: Int[Tensor, "n"]  # position of the subject's (last) token
-    answer_pos: Int[Tensor, "n"]  # position whose logits predict the object
+    answer_pos: Int[Tensor, "n"]  # position whose logits predict the object (the last real token)
     relation_pos: Int[Tensor, "n"] | None = None  # position of the relation token, where one exists
     relation_token_ids: Int[Tensor, "R"] | None = None  # token of each relation (for relation swaps)
+    subject_first_pos: Int[Tensor, "n"] | None = None  # first token of a multi-token subject (default: subject_pos)
+    pad_id: int = 0  # token of the right padding
+    relation_names: tuple[str, ...] | None = None  # name of each relation id, where known
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0]
@@ -47,24 +79,77 @@ class ProbeSet:
             v = getattr(self, name)
             if v.shape != (n,):
                 raise ValueError(f"{name} has shape {tuple(v.shape)}: expected ({n},), one per query")
+        if n and (int(self.answer_pos.min()) < 0 or int(self.answer_pos.max()) >= self.tokens.shape[1]):
+            raise ValueError(f"answer_pos spans {int(self.answer_pos.min())}..{int(self.answer_pos.max())}: "
+                             f"outside the {self.tokens.shape[1]} token positions")
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     @property
+    def lengths(self) -> Int[Tensor, "n"]:
+        """Real (unpadded) length of each query: the answer position is its last token."""
+        return self.answer_pos + 1
+
+    @property
     def relation_ids(self) -> list[int]:
         return sorted(int(r) for r in self.relations.unique())
 
+    def positions(self, where: str) -> Tensor | None:
+        """(n,) positions of ``where`` (None for ``all``)."""
+        where = check_position(where)
+        if where == "all":
+            return None
+        if where == "relation":
+            if self.relation_pos is None:
+                raise ValueError("position 'relation' needs queries with a relation token (relation_pos); "
+                                 "prompts of pretrained models have none")
+            return self.relation_pos
+        if where == "subject_first":
+            return self.subject_pos if self.subject_first_pos is None else self.subject_first_pos
+        return self.subject_pos if where == "subject" else self.answer_pos
+
     def subset(self, index) -> "ProbeSet":
-        index = torch.as_tensor(index)
+        index = torch.as_tensor(index, dtype=torch.long)
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         return ProbeSet(self.tokens[index], self.subjects[index], self.relations[index], self.objects[index],
                         self.object_tokens[index], self.subject_pos[index], self.answer_pos[index],
-                        pick(self.relation_pos), self.relation_token_ids)
+                        pick(self.relation_pos), self.relation_token_ids, pick(self.subject_first_pos), self.pad_id,
+                        self.relation_names)
 
     def for_relation(self, r: int) -> "ProbeSet":
         check_relation(self, r)
         return self.subset(torch.nonzero(self.relations == r).reshape(-1))
+
+    # ---- builders ---------------------------------------------------------------------
+    @classmethod
+    def from_world(cls, world, subjects=None) -> "ProbeSet":
+        """Single-hop queries ``[s, r]`` of a FactWorld (all subjects by default)."""
+        q = world.single_hop(subjects)
+        n = len(q)
+        return cls(tokens=q.tokens, subjects=q.subjects, relations=q.relations[:, 0], objects=q.answers,
+                   object_tokens=q.answers, subject_pos=torch.zeros(n, dtype=torch.long),
+                   answer_pos=torch.ones(n, dtype=torch.long), relation_pos=torch.ones(n, dtype=torch.long),
+                   relation_token_ids=torch.arange(world.n_relations) + world.n_entities, pad_id=world.pad_token)
+
+    @classmethod
+    def from_prompts(cls, prompts: Sequence, *, relations: Sequence[int], objects: Sequence[int],
+                     object_tokens: Sequence[int], pad_id: int, subjects: Sequence[int] | None = None,
+                     relation_names: Sequence[str] | None = None) -> "ProbeSet":
+        """Tokenised prompts (objects with ``tokens``, ``subject_first``, ``subject_last``), right-padded."""
+        if not prompts:
+            raise ValueError("no prompts: a probe set needs at least one query")
+        T = max(len(p.tokens) for p in prompts)
+        toks = torch.full((len(prompts), T), int(pad_id), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            toks[i, :len(p.tokens)] = torch.tensor(list(p.tokens), dtype=torch.long)
+        as_t = lambda v: torch.as_tensor(list(v), dtype=torch.long)  # noqa: E731
+        return cls(tokens=toks, subjects=as_t(range(len(prompts)) if subjects is None else subjects),
+                   relations=as_t(relations), objects=as_t(objects), object_tokens=as_t(object_tokens),
+                   subject_pos=as_t(p.subject_last for p in prompts),
+                   answer_pos=as_t(len(p.tokens) - 1 for p in prompts),
+                   subject_first_pos=as_t(p.subject_first for p in prompts), pad_id=int(pad_id),
+                   relation_names=None if relation_names is None else tuple(relation_names))
 
 
 def check_relation(ps: ProbeSet, r: int) -> None:
@@ -72,38 +157,36 @@ def check_relation(ps: ProbeSet, r: int) -> None:
         raise ValueError(f"relation {r} is not in the queries; relations present: {ps.relation_ids}")
 
 
-def from_world(world, subjects=None) -> ProbeSet:
-    """Single-hop queries ``[s, r]`` of a FactWorld (all subjects by default)."""
-    q = world.single_hop(subjects)
-    n = len(q)
-    return ProbeSet(tokens=q.tokens, subjects=q.subjects, relations=q.relations[:, 0], objects=q.answers,
-                    object_tokens=q.answers, subject_pos=torch.zeros(n, dtype=torch.long),
-                    answer_pos=torch.ones(n, dtype=torch.long), relation_pos=torch.ones(n, dtype=torch.long),
-                    relation_token_ids=torch.arange(world.n_relations) + world.n_entities)
+def as_probe_set(queries) -> ProbeSet:
+    """A ProbeSet from a ProbeSet or a FactWorld (its single-hop queries)."""
+    if isinstance(queries, ProbeSet):
+        return queries
+    if hasattr(queries, "single_hop") and hasattr(queries, "perms"):
+        return ProbeSet.from_world(queries)
+    raise ValueError(f"queries of type {type(queries).__name__}: expected a ProbeSet or a FactWorld "
+                     "(for pretrained models: mechfact.llm.prompts.probe_set(lm, relations))")
 
 
 @dataclass(frozen=True)
 class Site:
-    """A hook point and the position read there (``subject`` or ``last`` = answer position)."""
+    """A hook point and the position read there (see :data:`POSITIONS`)."""
 
     hook: str
     position: str = "last"
 
     def __post_init__(self) -> None:
-        if self.position not in POSITIONS:
-            raise ValueError(f"site position {self.position!r}: allowed {', '.join(POSITIONS)}")
+        object.__setattr__(self, "position", check_position(self.position, SITE_POSITIONS))
 
     def __str__(self) -> str:
         return f"{self.hook}@{self.position}"
 
     @classmethod
-    def parse(cls, text: str) -> "Site":
-        hook, _, pos = text.partition("@")
+    def parse(cls, text: "str | Site") -> "Site":
+        """``"hook@position"`` (position defaults to ``last``) or a Site."""
+        if isinstance(text, Site):
+            return text
+        hook, _, pos = str(text).partition("@")
         return cls(hook, pos or "last")
-
-
-def hook_names(model) -> list[str]:
-    return sorted(getattr(model, "hook_dict", {}))
 
 
 def check_hooks(model, names) -> None:
@@ -138,25 +221,115 @@ def logits_of(out) -> Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
+# ---- the activation collector -------------------------------------------------------------
+
+@dataclass
+class Activations:
+    """What :func:`collect` returns: one (n, features) float32 CPU tensor per site, plus the greedy next token."""
+
+    sites: dict[Site, Tensor]
+    next_token: Tensor  # (n,) argmax of the logits at each query's answer position
+
+    def __getitem__(self, site: "Site | str") -> Tensor:
+        return self.sites[Site.parse(site)]
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "right"):
+    """(tokens, attention_mask, position_ids, offsets): ``offsets[b]`` is where sequence b starts."""
+    if side not in PADDING:
+        raise ValueError(f"--padding {side}: allowed values are {', '.join(PADDING)}")
+    T = max(len(s) for s in seqs)
+    toks = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    offsets = []
+    for b, s in enumerate(seqs):
+        o = T - len(s) if side == "left" else 0
+        toks[b, o:o + len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[b, o:o + len(s)] = 1
+        offsets.append(o)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return toks, mask, pos, torch.tensor(offsets)
+
+
+def _cache_file(model, ps: ProbeSet, sites: list[Site]):
+    from ..runs import cache_dir
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"model": model.model_id, "sites": [str(s) for s in sites], "v": 2}).encode())
+    lengths = ps.lengths.tolist()
+    h.update(json.dumps([ps.tokens[i, :n].tolist() for i, n in enumerate(lengths)]).encode())
+    for s in sites:
+        h.update(json.dumps(ps.positions(s.position).tolist()).encode())
+    return cache_dir() / "states" / f"{h.hexdigest()[:24]}.pt"
+
+
 @torch.no_grad()
-def collect(model, ps: ProbeSet, sites: list[Site], batch_size: int = 4096) -> dict[Site, np.ndarray]:
-    """Activations at each site, (n, features) float64, read at the site's position of each query."""
-    sites = list(sites)
+def collect(model, queries, sites: Sequence["Site | str"], *, batch_size: int = 4096, padding: str = "right",
+            cache: bool = False, progress: bool = False, desc: str = "activations") -> Activations:
+    """Activations at every site, read at the site's position of each query, plus the greedy next token.
+
+    ``model``: a FactModel, a TransformerBridge or a :class:`~mechfact.llm.loading.LanguageModel`.
+    ``queries``: a :class:`ProbeSet` or a FactWorld. Queries run in length-sorted batches, each padded to
+    its own longest query (``right``: causal attention never looks at the padding; ``left``: an attention
+    mask and position ids are passed, for models that take them); both give the unbatched states (tested).
+    ``cache=True`` keeps the result on disk under ``$MECHFACT_CACHE/states`` keyed by the model's
+    ``model_id``, the exact tokens, the sites and the positions (models without a ``model_id`` are never
+    cached).
+    """
+    ps = as_probe_set(queries)
+    sites = [Site.parse(s) for s in sites]
+    if padding not in PADDING:
+        raise ValueError(f"--padding {padding}: allowed values are {', '.join(PADDING)}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size}: must be >= 1")
     check_hooks(model, [s.hook for s in sites])
+    pos = {s: ps.positions(s.position) for s in sites}
+    path = None
+    if cache and getattr(model, "model_id", None):
+        path = _cache_file(model, ps, sites)
+        if path.is_file():
+            try:
+                d = torch.load(path, map_location="cpu", weights_only=True)
+                logger.debug("state cache hit %s", path)
+                return Activations({s: d["states"][i] for i, s in enumerate(sites)}, d["next_token"])
+            except Exception as exc:  # noqa: BLE001 - a damaged cache entry is recomputed
+                logger.warning("state cache %s unreadable (%s); recomputing", path, exc)
     names = sorted({s.hook for s in sites})
+    want = set(names)
     dev = model_device(model)
-    out: dict[Site, list] = {s: [] for s in sites}
-    for i in range(0, len(ps), batch_size):
-        sl = slice(i, i + batch_size)
-        _, cache = model.run_with_cache(ps.tokens[sl].to(dev), names_filter=lambda n: n in names)
-        rows = torch.arange(ps.tokens[sl].shape[0])
+    n = len(ps)
+    lengths = ps.lengths.tolist()
+    out: dict[Site, Tensor | None] = {s: None for s in sites}
+    nxt = torch.empty(n, dtype=torch.long)
+    order = sorted(range(n), key=lambda i: lengths[i])  # similar lengths together: little padding
+    batches = [order[i:i + batch_size] for i in range(0, n, batch_size)]
+    for idx in tqdm(batches, desc=desc, leave=False, disable=not progress):
+        seqs = [ps.tokens[i, :lengths[i]].tolist() for i in idx]
+        toks, mask, posids, offsets = pad_batch(seqs, ps.pad_id, padding)
+        kw = {}
+        if padding == "left" and int(offsets.max()) > 0:
+            kw = dict(attention_mask=mask.to(dev), position_ids=posids.to(dev))
+        logits, acts = model.run_with_cache(toks.to(dev), names_filter=lambda name: name in want, **kw)
+        logits = logits_of(logits)
+        rows = torch.arange(len(idx))
+        it = torch.as_tensor(idx)
         for s in sites:
-            pos = (ps.subject_pos if s.position == "subject" else ps.answer_pos)[sl]
-            act = cache[s.hook]
+            act = acts[s.hook]
             if act.ndim != 3:
-                raise ValueError(f"hook {s.hook} has shape {tuple(act.shape)}: readouts need (batch, pos, features)")
-            out[s].append(act[rows, pos.to(act.device)].float().cpu())
-    return {s: torch.cat(v).double().numpy() for s, v in out.items()}
+                raise ValueError(f"hook {s.hook} has shape {tuple(act.shape)}: sites need (batch, pos, features)")
+            if out[s] is None:
+                out[s] = torch.empty((n, act.shape[-1]), dtype=torch.float32)
+            p = (pos[s][it] + offsets).to(act.device)
+            out[s][it] = act[rows.to(act.device), p].float().cpu()
+        last = (ps.answer_pos[it] + offsets).to(logits.device)
+        nxt[it] = logits[rows.to(logits.device), last].argmax(-1).cpu()
+    res = Activations({s: v for s, v in out.items()}, nxt)
+    if path is not None:
+        from ..runs import atomic_path
+
+        with atomic_path(path) as tmp:
+            torch.save({"states": [res.sites[s] for s in sites], "next_token": nxt}, tmp)
+    return res
 
 
 @torch.no_grad()

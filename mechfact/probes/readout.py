@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import hooks
 from ..seeding import derive_seed
 
 KINDS = ("classifier", "vector")
@@ -129,8 +130,9 @@ def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kin
 
 # ---- the probe on a hooked model ------------------------------------------------------
 
-DEFAULT_SITES = ("hook_embed@subject", "blocks.0.hook_resid_mid@last", "blocks.0.mlp.hook_post@last",
-                 "blocks.0.hook_resid_post@last")
+# the one-layer fact model's sites: the subject embedding, then the answer position around the MLP
+DEFAULT_SITES = (f"{hooks.embed()}@subject", f"{hooks.resid(0, 'mid')}@last", f"{hooks.mlp_post(0)}@last",
+                 f"{hooks.resid(0, 'post')}@last")
 
 
 @dataclass
@@ -163,25 +165,29 @@ def object_table(model, ps) -> tuple[np.ndarray, np.ndarray]:
     return inv, V
 
 
-def readout(model, ps, sites=DEFAULT_SITES, *, relations=None, kind: str = "auto", heldout_fraction: float = 0.25,
+def readout(model, queries, sites=None, *, relations=None, kind: str = "auto", heldout_fraction: float = 0.25,
             alpha: float = 1.0, C: float = 1.0, seed: int = 0) -> ReadoutResult:
     """Per relation and site: a linear readout from the site's activation to the object, on held-out subjects.
 
-    ``sites``: :class:`~mechfact.probes.queries.Site` objects or ``"hook@subject|last"`` strings.
+    ``queries``: a :class:`~mechfact.probes.queries.ProbeSet` or a FactWorld.
+    ``sites``: :class:`~mechfact.probes.queries.Site` objects or ``"hook@position"`` strings
+    (default :data:`DEFAULT_SITES`).
     ``kind="auto"``: ``vector`` (ridge onto the object's unembedding column, nearest
     object decoding) when every object of the relation is unique, else ``classifier``.
     Held-out subjects are the same for every relation and site. Features are
     scaled to unit RMS first (``alpha`` is then comparable across sites).
     """
-    from .queries import Site, check_relation, collect
+    from .queries import Site, as_probe_set, check_relation, collect
 
     if kind not in ("auto", *KINDS):
         raise ValueError(f"kind={kind!r}: allowed auto, {', '.join(KINDS)}")
-    sites = [s if isinstance(s, Site) else Site.parse(s) for s in sites]
+    ps = as_probe_set(queries)
+    sites = [Site.parse(s) for s in (DEFAULT_SITES if sites is None else sites)]
     rels = ps.relation_ids if relations is None else [int(r) for r in relations]
     for r in rels:
         check_relation(ps, r)
-    feats = collect(model, ps, sites)
+    acts = collect(model, ps, sites)
+    feats = {s: acts[s].double().numpy() for s in sites}
     subj = np.unique(ps.subjects.numpy())
     tr_s, te_s = split_indices(len(subj), heldout_fraction, seed, "readout.subjects")
     test_subjects = set(subj[te_s].tolist())

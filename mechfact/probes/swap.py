@@ -6,7 +6,9 @@ unembedding (also when tied) -- stays exactly as trained.
 
 * zero-shot: new random bijections ``pi'_r``; embeddings BUILT from the fitted
   superposition maps, ``x'_s = c + sum_r v_{pi'_r(s)} M_r`` (no training);
-* retrained: fresh random embeddings trained on the new facts, all else frozen;
+* retrained: fresh random embeddings trained on the new facts, all else frozen
+  (:func:`retrain_embeddings`: a copy of the model trained by
+  :func:`mechfact.facts.train.train` with every other tensor in ``freeze``);
 * control: the same retraining on the ORIGINAL facts (how fast the frozen
   network lets embeddings relearn facts it was built for);
 * zero-shot control: embeddings built from the maps for yet another random
@@ -15,17 +17,22 @@ unembedding (also when tied) -- stays exactly as trained.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
-from ..facts import hooks
+from .. import hooks
+from ..facts.evaluate import evaluate
+from ..facts.train import TrainConfig, train
 from ..facts.world import FactWorld
-from .fit import FitConfig, fit
-from .queries import ProbeSet, accuracy, from_world, logits_of, model_device
+from .queries import ProbeSet, accuracy, model_device
 from .superposition import SuperpositionFit, fit_superposition
+
+RETRAIN = TrainConfig(lr=1e-2, steps=300, eval_every=25, target_accuracy=None)  # freeze-and-swap's default
 
 logger = logging.getLogger(__name__)
 
@@ -59,20 +66,26 @@ def embedding_hook(table: torch.Tensor, ps: ProbeSet, idx=slice(None)):
     return (hooks.embed(), hook)
 
 
-def _retrain(model, ps: ProbeSet, init: torch.Tensor, cfg: FitConfig) -> list[dict]:
-    table = torch.nn.Parameter(init.clone().to(model_device(model)))
-    frozen = [p for p in model.parameters() if p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
-    dev = model_device(model)
-    try:
-        fwd = lambda idx: logits_of(model.run_with_hooks(ps.tokens[idx].to(dev),  # noqa: E731
-                                                         fwd_hooks=[embedding_hook(table, ps, idx)]))
-        hist = fit([table], fwd, ps.answer_pos.to(dev), ps.object_tokens.to(dev), cfg)
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-    return hist
+def retrain_embeddings(model, world: FactWorld, init: torch.Tensor, cfg: TrainConfig = RETRAIN) -> list[dict]:
+    """Train fresh subject embeddings ``init`` (N, d) on ``world``'s facts through the frozen network.
+
+    A copy of ``model`` gets ``init`` as its (trainable) entity embeddings and keeps its unembedding fixed
+    as trained (also when it was tied to the embeddings); :func:`~mechfact.facts.train.train` then trains
+    it with every other tensor frozen. ``model`` itself is not touched. Returns the accuracy curve,
+    ``[{"step", "loss", "accuracy"}]`` from step 0.
+    """
+    W_U = model.W_U.detach().clone()
+    m = copy.deepcopy(model)
+    for name in ("W_E_ent", "W_U_ent"):
+        m._parameters.pop(name, None)
+        m._buffers.pop(name, None)
+    m.cfg = dataclasses.replace(m.cfg, tied=False)
+    m.W_E_ent = torch.nn.Parameter(init.clone().to(W_U.device))
+    m.register_buffer("W_U_ent", W_U)
+    freeze = sorted({n for n, _ in m.named_parameters() if n != "W_E_ent"} | set(cfg.freeze))
+    cfg = dataclasses.replace(cfg, freeze=freeze, l2_only=[n for n in cfg.l2_only if n not in freeze])
+    start = {"step": 0, "loss": float("nan"), "accuracy": evaluate(m, world)["accuracy"]}
+    return [start, *train(m, world, cfg, device=model_device(model))["history"]]
 
 
 @dataclass
@@ -93,10 +106,15 @@ class SwapResult:
         return asdict(self)
 
 
-def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: FitConfig | None = None,
+def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: TrainConfig | None = None,
                     sfit: SuperpositionFit | None = None, seed: int = 0) -> SwapResult:
-    """Zero-shot and retrained transfer to a new random world (module docstring)."""
-    retrain = retrain or FitConfig(lr=1e-2, steps=300, eval_every=25)
+    """Zero-shot and retrained transfer to a new random world (module docstring).
+
+    ``retrain``: how the fresh embeddings are trained (default :data:`RETRAIN`: Adam lr 1e-2, 300 steps);
+    ``sfit``: superposition maps already fitted on the model (default: fitted here on every subject);
+    ``seed``: the fresh embeddings' initialisation.
+    """
+    retrain = retrain or RETRAIN
     N, R = world.n_entities, world.n_relations
     X = subject_embeddings(model, N)
     V = attribute_vectors(model, N)
@@ -106,7 +124,7 @@ def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: FitC
     if torch.equal(new.perms, world.perms):
         raise ValueError(f"new_seed={new_seed} reproduces the model's own world: pick another")
     other = FactWorld(N, R, seed=new_seed + 7919, attributes=world.n_attributes)
-    ps_new, ps_old = from_world(new), from_world(world)
+    ps_new, ps_old = ProbeSet.from_world(new), ProbeSet.from_world(world)
     dev = model_device(model)
     zero = accuracy(model, ps_new, [embedding_hook(sfit.build(V, new.perms).to(dev), ps_new)])
     recon = accuracy(model, ps_old, [embedding_hook(sfit.build(V, world.perms).to(dev), ps_old)])
@@ -114,8 +132,8 @@ def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: FitC
     g = torch.Generator().manual_seed(seed)
     rms = float(X.pow(2).mean().sqrt())
     init = torch.randn(N, X.shape[1], generator=g) * rms  # same scale as the trained embeddings
-    curve = _retrain(model, ps_new, init, retrain)
-    ctrl_curve = _retrain(model, ps_old, init, retrain)
+    curve = retrain_embeddings(model, new, init, retrain)
+    ctrl_curve = retrain_embeddings(model, world, init, retrain)
     return SwapResult(zero_shot_accuracy=zero, zero_shot_control_accuracy=zero_ctrl,
                       reconstructed_accuracy=recon,
                       retrained_accuracy=curve[-1]["accuracy"], control_relearn_accuracy=ctrl_curve[-1]["accuracy"],

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..facts import hooks
+from .. import hooks
 from ..memory import theory
 from ..memory.analysis import spectrum_summary
 from .patching import run_with_interventions
@@ -69,6 +69,7 @@ def logit_scores(model, ps: ProbeSet) -> tuple[np.ndarray, np.ndarray, float]:
 
 @torch.no_grad()
 def gate_fractions(model, ps: ProbeSet, site: str | None = None) -> np.ndarray:
+    """(R, m): share of relation-r queries on which each unit's pre-activation is positive, at the answer position."""
     site = site or hooks.mlp_pre(0)
     check_hooks(model, [site])
     _, cache = model.run_with_cache(ps.tokens.to(model_device(model)), names_filter=lambda n: n == site)
@@ -76,16 +77,26 @@ def gate_fractions(model, ps: ProbeSet, site: str | None = None) -> np.ndarray:
     return np.stack([(pre[ps.relations == r] > 0).double().mean(0).numpy() for r in ps.relation_ids])
 
 
-def scores_and_spectra(model, ps: ProbeSet) -> ScoresResult:
-    """Both analyses for a one-layer fact model (needs ``blocks[0].mlp.W_in/W_out``, ``W_U``)."""
+def scores_and_spectra(model, queries, layer: int = 0) -> ScoresResult:
+    """Both analyses, at the MLP of block ``layer`` (needs ``blocks[layer].mlp.W_in/W_out`` and ``W_U``).
+
+    ``queries``: a ProbeSet or a FactWorld. For a gated MLP (pretrained Llama / Qwen / Phi) ``W_in W_out``
+    is the up-projection path and the gate fractions count positive pre-activations.
+    """
+    from .queries import as_probe_set
+
+    ps = as_probe_set(queries)
     zt, zm, acc = logit_scores(model, ps)
     n_comp = int(model.W_U.shape[1]) - 1
-    mlp = getattr(getattr(model, "blocks", [None])[0], "mlp", None)
-    if mlp is None or not hasattr(mlp, "W_in") or not hasattr(mlp, "W_out"):
-        raise ValueError(f"{type(model).__name__}: spectra need blocks[0].mlp.W_in and W_out")
+    blocks = getattr(model, "blocks", None)
+    if blocks is None and hasattr(model, "bridge"):
+        blocks = model.bridge.blocks
+    mlp = getattr(blocks[layer], "mlp", None) if blocks is not None and layer < len(blocks) else None
+    if mlp is None or getattr(mlp, "W_in", None) is None or getattr(mlp, "W_out", None) is None:
+        raise ValueError(f"{type(model).__name__}: spectra need blocks[{layer}].mlp.W_in and W_out")
     W_in = mlp.W_in.detach().double().cpu().numpy()
     W_out = mlp.W_out.detach().double().cpu().numpy()
-    g = gate_fractions(model, ps)
+    g = gate_fractions(model, ps, hooks.mlp_pre(layer))
     fams = {"W_in W_out": [W_in @ W_out]}
     for i, r in enumerate(ps.relation_ids):
         fams[f"relation {r}"] = [W_in @ np.diag(g[i]) @ W_out]

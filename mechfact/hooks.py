@@ -1,14 +1,18 @@
 """Transformer-lens hook names, built in one place.
 
-Every probe asks for hook points through these helpers instead of spelling the
-strings, so a transformer-lens rename touches only this file. The names are the
-ones :class:`mechfact.facts.model.FactModel` exposes and the ones pretrained
-models expose through transformer-lens.
+Every probe, loader and CLI default asks for hook points through these helpers
+instead of spelling the strings, so a transformer-lens rename touches only this
+file. The names are the ones :class:`mechfact.facts.model.FactModel` exposes and
+the ones pretrained models expose through transformer-lens' ``TransformerBridge``.
+
+:func:`layer_site` maps the short per-layer site names of the LLM commands
+(``--site resid_post``) to hook names.
 """
 
 from __future__ import annotations
 
 RESID_WHERE = ("pre", "mid", "post")
+LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_post")
 
 
 def _layer(layer: int) -> int:
@@ -57,3 +61,16 @@ def mlp_post(layer: int) -> str:
 def mlp_out(layer: int) -> str:
     """MLP output written to the residual stream, (batch, pos, d_model)."""
     return f"blocks.{_layer(layer)}.hook_mlp_out"
+
+
+def layer_site(site: str, layer: int) -> str:
+    """The hook of a per-layer site name (``resid_pre|resid_mid|resid_post|attn_out|mlp_out|mlp_post``)."""
+    if site.startswith("resid_") and site in LAYER_SITES:
+        return resid(layer, site.split("_", 1)[1])
+    if site == "attn_out":
+        return attn_out(layer)
+    if site == "mlp_out":
+        return mlp_out(layer)
+    if site == "mlp_post":
+        return mlp_post(layer)
+    raise ValueError(f"site {site!r}: allowed values are {', '.join(LAYER_SITES)}")
