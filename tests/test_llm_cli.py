@@ -98,3 +98,43 @@ def test_bfloat16_probe_and_lre_run(env, tmp_path, one_thread):
     assert main(["llm", "lre", "--model", env["model"], "--relations", env["relations"], "--relation-names",
                  "tiny_colour", "--layer", "1", "--dtype", "bfloat16", "--n-train", "2", "--facts", "all",
                  "--rank", "4", "--out", str(tmp_path / "bf16_lre"), "--quiet"]) == 0
+
+
+def test_probe_readout_on_a_pretrained_folder_matches_llm_probe(env, tmp_path, one_thread):
+    """`mechfact probe readout --model <HF folder> --relations <file>` runs the same readout as `mechfact llm probe`."""
+    common = ["--model", env["model"], "--relations", env["relations"], "--k-shot", "2", "--layers", "0,2",
+              "--splits", "2", "--quiet"]
+    assert main(["llm", "probe", *common, "--out", str(tmp_path / "llm")]) == 0
+    assert main(["probe", "readout", *common, "--out", str(tmp_path / "probe")]) == 0
+    a, b = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("llm", "probe"))
+    assert a["per_layer"] and a["per_layer"] == b["per_layer"]
+    assert a["relations"] == b["relations"]
+    assert json.loads((tmp_path / "probe" / "config.json").read_text())["kind"] == "probe.readout"
+
+
+@pytest.mark.parametrize("probe,keys", [("intervene", ["per_relation", "relation_swaps", "site"]),
+                                        ("scores", ["z_target_mean", "spectra", "gate_fraction"])])
+def test_probe_intervene_and_scores_take_a_pretrained_folder(env, tmp_path, probe, keys, one_thread):
+    out = tmp_path / probe
+    assert main(["probe", probe, "--model", env["model"], "--relations", env["relations"], "--k-shot", "2",
+                 "--layer", "1", "--out", str(out), "--quiet"]) == 0
+    res = json.loads((out / "result.json").read_text())
+    assert all(k in res for k in keys)
+    if probe == "intervene":
+        assert res["site"] == "blocks.1.mlp.hook_post" and res["relation_swaps"] == []  # prompts have no relation token
+        assert {r["relation"] for r in res["per_relation"]} == {0, 1}
+    else:
+        assert len(res["gate_fraction"]) == 2  # one row per relation
+    assert list(out.glob("fig_*.png"))
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["probe", "superposition", "--model", "{model}"], "needs a synthetic fact model"),
+    (["probe", "readout", "--model", "/no/such/run"], "no such run directory"),
+    (["probe", "readout", "--model", "{root}"], "neither a fact-model run directory"),
+])
+def test_probe_commands_name_what_a_model_path_is(argv, needle, env, tmp_path, capsys):
+    argv = [a.replace("{model}", env["model"]).replace("{root}", str(env["root"])) for a in argv]
+    assert main(argv + ["--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err, err

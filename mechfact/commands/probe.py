@@ -89,10 +89,9 @@ def _run(a) -> None:
     from ..probes import experiments as ex
 
     kw = {"device": a.device_obj, "seed": a.seed}
-    fact = ex.is_fact_run(a.model)
+    fact = ex.check_target(a.model) == "fact"
     relations = getattr(a, "relations", None)
     if not fact and a.probe_kind in ("superposition", "swap"):
-        ex.load_target(a.model, a.device_obj)  # a clear error for a missing path
         raise UsageError(f"probe {a.probe_kind} needs a synthetic fact model (world.json); --model {a.model} is "
                          "a pretrained model")
     prompts = {} if fact else {"relations": relations, **prompt_options(a)}

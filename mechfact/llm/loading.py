@@ -27,6 +27,7 @@ strings live in :mod:`mechfact.hooks`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.util
@@ -260,22 +261,37 @@ def _from_memory(model, tokenizer, device, dtype) -> LanguageModel:
     return _wrap(bridge, name, None, own_device, own_dtype)
 
 
+@contextlib.contextmanager
+def _hf_progress(show: bool):
+    """Hugging Face's own progress bars (weight loading) only when asked; its global switch is restored."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if show else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
 def load_model(model_or_path: Any = None, tokenizer: Any = None, *, device: torch.device | str | None = None,
-               dtype: str | torch.dtype | None = None) -> LanguageModel:
+               dtype: str | torch.dtype | None = None, progress: bool = False) -> LanguageModel:
     """A :class:`LanguageModel` from ``model_or_path`` (see the module docstring for what it accepts).
 
     ``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda[:i]`` (default ``cpu``; for an in-memory model,
     its own). ``dtype``: ``float32`` or ``bfloat16`` (default ``float32``; in memory: its own).
-    ``tokenizer`` goes with an in-memory Hugging Face model.
+    ``tokenizer`` goes with an in-memory Hugging Face model. ``progress`` shows Hugging Face's loading bars.
     """
-    if isinstance(model_or_path, torch.nn.Module):
-        return _from_memory(model_or_path, tokenizer,
-                            None if device is None else resolve_device(str(device)),
-                            None if dtype is None else _dtype(dtype))
-    if tokenizer is not None:
-        raise ValueError("tokenizer=: only an in-memory model takes a tokenizer; a folder, .gguf or hub name "
-                         "brings its own")
-    return _load_spec(model_or_path, device=resolve_device(str(device or "cpu")), dtype=_dtype(dtype or "float32"))
+    with _hf_progress(progress):
+        if isinstance(model_or_path, torch.nn.Module):
+            return _from_memory(model_or_path, tokenizer,
+                                None if device is None else resolve_device(str(device)),
+                                None if dtype is None else _dtype(dtype))
+        if tokenizer is not None:
+            raise ValueError("tokenizer=: only an in-memory model takes a tokenizer; a folder, .gguf or hub name "
+                             "brings its own")
+        return _load_spec(model_or_path, device=resolve_device(str(device or "cpu")),
+                          dtype=_dtype(dtype or "float32"))
 
 
 def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageModel:

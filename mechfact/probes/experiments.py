@@ -226,11 +226,25 @@ def quick(n_entities: int = 128, n_relations: int = 4, *, model: str = "construc
 # ---- targets of the probe commands ---------------------------------------------------------
 
 def is_fact_run(spec) -> bool:
-    """Whether ``spec`` names a fact-model run directory (else: a pretrained model)."""
-    from ..facts.runio import WORLD_FILE, is_fact_run as has_model
+    """Whether ``spec`` names a fact-model run directory (``world.json`` in it, or next to a bare ``model/``)."""
+    from ..facts.runio import WORLD_FILE
 
-    p = Path(spec)
-    return p.is_dir() and (has_model(p) or (p / WORLD_FILE).is_file())
+    p = Path(spec).expanduser()
+    return p.is_dir() and ((p / WORLD_FILE).is_file() or ((p / "model.safetensors").is_file()
+                                                          and (p.parent / WORLD_FILE).is_file()))
+
+
+def check_target(spec) -> str:
+    """``"fact"`` or ``"pretrained"`` for a ``--model`` value; ValueError naming what a bad path is not."""
+    if is_fact_run(spec):
+        return "fact"
+    p = Path(spec).expanduser()
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise ValueError(f"--model {spec}: neither a fact-model run directory (world.json + model/, as written "
+                         "by `mechfact facts train|construct`) nor a Hugging Face model folder (config.json)")
+    if not p.exists() and (str(spec).startswith(("/", ".", "~")) or str(spec).count("/") > 1):
+        raise ValueError(f"--model {spec}: no such run directory or model file")
+    return "pretrained"
 
 
 def load_target(spec: str | os.PathLike, device: str | torch.device = "cpu", **prompts):
@@ -243,15 +257,9 @@ def load_target(spec: str | os.PathLike, device: str | torch.device = "cpu", **p
     """
     from ..facts.runio import load_fact_run
 
-    if is_fact_run(spec):
+    if check_target(spec) == "fact":
         model, world = load_fact_run(spec, device=device)
         return model.eval(), world, ProbeSet.from_world(world)
-    p = Path(spec).expanduser()
-    if p.is_dir() and not (p / "config.json").is_file():
-        raise ValueError(f"--model {spec}: neither a fact-model run directory (world.json + model/, as written "
-                         "by `mechfact facts train|construct`) nor a Hugging Face model folder (config.json)")
-    if not p.exists() and (str(spec).startswith(("/", ".", "~")) or str(spec).count("/") > 1):
-        raise ValueError(f"--model {spec}: no such run directory or model file")
     from ..llm.loading import load_model
     from ..llm.prompts import probe_set
     from ..llm.relations import load_relations

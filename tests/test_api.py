@@ -1,0 +1,103 @@
+"""The public surface: every exported name resolves and is documented; no side effects on the caller's objects."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mechfact
+
+
+def test_every_public_name_resolves_with_a_docstring():
+    assert "load_model" in mechfact.__all__ and "layer_readout" in mechfact.__all__
+    for name in mechfact.__all__:
+        obj = getattr(mechfact, name)
+        if name != "__version__":
+            assert (obj.__doc__ or "").strip(), f"mechfact.{name} has no docstring"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mechfact.nope  # noqa: B018
+
+
+def test_import_is_light():
+    out = subprocess.run([sys.executable, "-c", "import sys, mechfact; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def _tiny_in_memory():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.train_from_iterator([f"The capital of c{i} is k{i}" for i in range(40)],
+                             trainers.BpeTrainer(vocab_size=200, special_tokens=["<s>", "</s>", "<pad>"],
+                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                 show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         bos_token_id=0, eos_token_id=1, pad_token_id=2)).eval()
+    return model, tok
+
+
+def test_in_memory_model_is_wrapped_without_copies_or_changes(one_thread):
+    """The bridge replaces modules in place; mechfact boots a structural copy that SHARES the caller's tensors."""
+    model, tok = _tiny_in_memory()
+    types = [type(m) for m in model.modules()]
+    kwargs = dict(tok.init_kwargs)
+    x = torch.tensor([[0, 5, 9, 14, 3]])
+    with torch.no_grad():
+        before = model(x).logits
+    lm = mechfact.load_model(model, tokenizer=tok)
+    assert [type(m) for m in model.modules()] == types  # the caller's module tree is untouched
+    assert dict(tok.init_kwargs) == kwargs
+    assert all(a is b for a, b in zip(lm.parameters(), model.parameters()))  # no weight was copied
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, before)
+        assert torch.allclose(lm(x), before, atol=1e-5)
+    with torch.no_grad():  # shared tensors: an edit of the caller's weights is seen by the wrapper
+        model.lm_head.weight.mul_(2.0)
+        assert torch.allclose(lm(x), model(x).logits, atol=1e-5)
+    for bad, needle in (({"device": "cuda"} if torch.cuda.is_available() else {"dtype": "bfloat16"}, "does not copy"),):
+        with pytest.raises(ValueError, match=needle):
+            mechfact.load_model(model, tokenizer=tok, **bad)
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        mechfact.load_model(model)
+
+
+def test_lre_and_training_leave_gradient_flags_as_they_were(one_thread):
+    model, tok = _tiny_in_memory()
+    lm = mechfact.load_model(model, tokenizer=tok)
+    model.lm_head.weight.requires_grad_(False)  # the caller's own choice survives too
+    flags = [p.requires_grad for p in model.parameters()]
+    rel = mechfact.Relation("cap", ["The capital of {} is"], [(f"c{i}", f"k{i}") for i in range(8)])
+    res = mechfact.lre(lm, rel, layer=0, n_train=2, facts="all", k_shot=1, rank=4, chunk=8)
+    assert res.faithfulness is not None and res.operator.J.shape == (32, 32)
+    assert [p.requires_grad for p in model.parameters()] == flags
+
+    world = mechfact.FactWorld(16, 2, seed=0)
+    fm = mechfact.build_fact_model(world, d=8, mlp_width=16, seed=0)
+    fm.W_E_rel.requires_grad_(False)
+    flags = {n: p.requires_grad for n, p in fm.named_parameters()}
+    mechfact.train(fm, world, mechfact.TrainConfig(steps=5, freeze=["W_U_ent"], target_accuracy=None))
+    mechfact.freeze_and_swap(fm, world, retrain=mechfact.TrainConfig(steps=3, target_accuracy=None))
+    assert {n: p.requires_grad for n, p in fm.named_parameters()} == flags
+
+
+def test_plotting_leaves_the_matplotlib_backend_alone(tmp_path):
+    code = f"""
+import matplotlib
+matplotlib.use("svg")
+from mechfact.facts.plots import plot_train
+plot_train({{"history": [{{"step": 1, "loss": 1.0, "accuracy": 0.5}}], "subjects": 4, "relations": 1, "d": 2,
+            "mlp_width": 2, "embeddings": "trainable", "accuracy": 0.5}}, {str(tmp_path / "f.png")!r})
+import matplotlib.pyplot as plt
+print(matplotlib.get_backend(), len(plt.get_fignums()))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["svg", "0"], out.stderr
+    assert (tmp_path / "f.png").stat().st_size > 1000
