@@ -2,19 +2,25 @@
 
 Prints figures measured side by side in one run, same model, same batches,
 same thread count:
-  1. hidden-state extraction (``extract_states``: bridge ``run_with_cache`` with
-     ``names_filter`` on every layer's resid_post, one position gathered per
-     prompt, greedy next token) against a
-     bare Hugging Face forward of the same padded batches: time ratio
-     (target <= 1.10), tokens/s of both; interleaved repeats, medians;
-  2. peak memory: process peak RSS (CPU) or CUDA peak allocation, and the size
-     of the extracted states;
-  3. the LRE of one relation (Jacobians batched over output coordinates,
-     prefix KV cache reused) end to end: wall time (target < 60 s on 2 cores
-     for the default model; wall and process CPU seconds, since a shared
-     machine inflates wall time), with its faithfulness and causality.
+  1. hidden-state extraction (``mechfact.probes.queries.collect``: bridge
+     ``run_with_cache`` restricted to every layer's resid_post, read at the
+     subject's last token, greedy next token, no disk cache) against a bare
+     Hugging Face forward of the same padded batches: time ratio (target <= 1.10),
+     tokens/s of both; interleaved repeats, medians. The bare forward runs a
+     SEPARATE plain HF model loaded from the same checkpoint (the bridge replaces
+     the modules of its own HF model in place, so ``bridge.original_model`` is
+     not a bare forward);
+  2. peak memory: process peak RSS (CPU; it includes the baseline's copy of the
+     weights) or CUDA peak allocation, and the size of the extracted states;
+  3. the LRE of one relation (``mechfact.lre``: Jacobians batched over output
+     coordinates, prefix KV cache reused) end to end: wall time (target < 60 s
+     on 2 cores for the default model; wall and process CPU seconds, since a
+     shared machine inflates wall time), with its faithfulness and causality.
 
     python benchmarks/llm_bench.py --threads 2 [--model default] [--device auto] [--skip-lre]
+
+``--model``: ``default`` (the embedded SmolLM2), a local Hugging Face folder or a
+hub name (the baseline is loaded with ``AutoModelForCausalLM`` from the same place).
 """
 
 from __future__ import annotations
@@ -25,14 +31,16 @@ import os
 import resource
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
+from mechfact import hooks
 from mechfact.device import resolve_device
-from mechfact.llm.extract import extract_states, pad_batch
-from mechfact.llm.loading import load_model
-from mechfact.llm.prompts import build_prompts
+from mechfact.llm.loading import DEFAULT_MODEL, embedded_model_dir, load_model
+from mechfact.llm.prompts import probe_set
 from mechfact.llm.relations import load_relations
+from mechfact.probes.queries import Site, collect, pad_batch
 
 
 def _sync(dev):
@@ -40,18 +48,31 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def bench_extraction(lm, prompts, batch_size: int, reps: int) -> dict:
-    """mechfact's extract_states (every layer, no disk cache) vs a bare HF forward of the same padded batches."""
-    seqs = [p.tokens for p in prompts]
-    pos = [p.subject_last for p in prompts]
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # the batches extract_states forms
-    batches = [pad_batch([seqs[i] for i in order[j:j + batch_size]], lm.pad_id, "right")[0].to(lm.device)
-               for j in range(0, len(seqs), batch_size)]
-    hf = lm.bridge.original_model
+def bare_model(spec: str, dtype: torch.dtype, device: torch.device):
+    """A plain Hugging Face model of the same checkpoint as ``load_model(spec)``, never touched by a bridge."""
+    from transformers import AutoModelForCausalLM
+
+    if spec == DEFAULT_MODEL:
+        src = embedded_model_dir()
+    elif Path(spec).expanduser().is_file():
+        raise SystemExit(f"--model {spec}: a .gguf file has no plain HF baseline here; convert it to a folder first")
+    else:
+        src = Path(spec).expanduser() if Path(spec).expanduser().is_dir() else spec
+    return AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device).eval()
+
+
+def bench_extraction(lm, hf, ps, batch_size: int, reps: int) -> dict:
+    """mechfact's collect (every layer, no disk cache) vs a bare HF forward (``hf``) of the same padded batches."""
+    sites = [Site(hooks.resid(layer, "post"), "subject") for layer in range(lm.n_layers)]
+    lengths = ps.lengths.tolist()
+    order = sorted(range(len(ps)), key=lambda i: lengths[i])  # the batches collect forms
+    batches = [pad_batch([ps.tokens[i, :lengths[i]].tolist() for i in order[j:j + batch_size]], ps.pad_id,
+                         "right")[0].to(lm.device)
+               for j in range(0, len(ps), batch_size)]
     dev = lm.device
 
     def ours():
-        extract_states(lm, seqs, pos, batch_size=batch_size, use_cache=False, progress=False)
+        collect(lm, ps, sites, batch_size=batch_size, cache=False)
 
     def bare():
         for toks in batches:
@@ -90,21 +111,19 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     lm = load_model(a.model, device=dev)
     rel = load_relations(names=[a.relation])[0]
-    prompts = build_prompts(rel, lm.tokenizer, lm.bos_id, k=3, seed=0)
+    ps = probe_set(lm, rel, k_shot=3, seed=0)
     out = {"model": lm.name, "device": str(dev), "threads": a.threads, "relation": rel.name,
-           "prompts": len(prompts), "batch_size": a.batch_size}
-    out["extraction"] = bench_extraction(lm, prompts, a.batch_size, a.reps)
-    out["states_MB"] = round(lm.n_layers * len(prompts) * lm.d_model * 4 / 2**20, 2)
+           "prompts": len(ps), "batch_size": a.batch_size}
+    out["extraction"] = bench_extraction(lm, bare_model(a.model, lm.dtype, dev), ps, a.batch_size, a.reps)
+    out["states_MB"] = round(lm.n_layers * len(ps) * lm.d_model * 4 / 2**20, 2)
     if not a.skip_lre:
-        from mechfact.llm.lre import LreConfig, default_layer, evaluate_relation
+        from mechfact.llm.lre import lre
 
-        cfg = LreConfig(relation_names=[rel.name], cache_states=False)
-        layer = default_layer(lm.n_layers)
         t, c = time.perf_counter(), time.process_time()
-        row = evaluate_relation(lm, rel, cfg, layer, seed=0, progress=False)
-        out["lre"] = {"layer": layer, "n_train": row["n_train"], "n_test": row["n_test"],
+        res = lre(lm, rel, seed=0, cache_states=False)  # layer n_layers // 2
+        out["lre"] = {"layer": res.layer, "n_train": res.n_train, "n_test": res.n_test,
                       "wall_s": round(time.perf_counter() - t, 1), "cpu_s": round(time.process_time() - c, 1),
-                      "faithfulness": row["faithfulness"], "causality": row["causality"]}
+                      "faithfulness": res.faithfulness, "causality": res.causality}
     out["load_average_1min"] = round(os.getloadavg()[0], 2)  # other processes on the machine during the run
     out["peak_rss_MB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     if dev.type == "cuda":

@@ -1,10 +1,11 @@
 """Print markdown tables of the linear-memory results from run directories.
 
-    python -m synthetic.summarize_linear_memory runs/linear_memory > tables.md
+    python -m synthetic.summarize_linear_memory runs/linear_memory [FIG.png] > tables.md
 
 Reads every `*/result.json` under the folder written by `synthetic.linear_memory`
 (or by the equivalent `mechfact memory ...` commands) and prints the tables used
-in docs/results_linear_memory.md.
+in docs/results_linear_memory.md; with a second argument it also draws the
+capacity of every run against 1/ln p_c into that figure.
 """
 
 from __future__ import annotations
@@ -68,9 +69,6 @@ def main(root: str) -> None:
                     print(f"| {t['kappa']} | {_f(t['alpha_c_dof'])} | {_f(t['alpha_c_energy'])} |")
 
 
-if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "runs/linear_memory")
-
 
 def plot_all(root: Path, path: Path) -> None:
     """One figure: median alpha_c (IQR bars) against 1/ln p_c for every capacity run, with 1/2 and 1/8."""
@@ -102,5 +100,7 @@ def plot_all(root: Path, path: Path) -> None:
     save(fig, path)
 
 
-if __name__ == "__main__" and len(sys.argv) > 2:
-    plot_all(Path(sys.argv[1]), Path(sys.argv[2]))
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/linear_memory")
+    if len(sys.argv) > 2:
+        plot_all(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -11,7 +11,7 @@ from llm_tiny import FAMILIES, build_model, write_relations
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    """{family: LoadedModel} plus the relation folder; built once per session."""
+    """{family: LanguageModel} plus the relation folder; built once per session."""
     from mechfact.llm.loading import load_model
 
     root = tmp_path_factory.mktemp("tiny_llms")

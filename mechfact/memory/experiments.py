@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ..config import DictConfig, bad, check_choice, check_float
+from ..config import DictConfig, bad, check_choice, check_float, flag
 from ..executor import Executor, Job, LocalExecutor
 from ..runs import RunDir
 from . import analysis, solvers, theory
@@ -76,6 +76,19 @@ def _check_rel_tol(rel_tol) -> None:
         raise bad("rel_tol", rel_tol, "must lie in [0, 0.5)")
 
 
+def _check_alpha_range(cfg, lo: str, hi: str) -> list[int]:
+    """The checks of a search over loads (sweep, capacity): d values, seeds, solver, 0 < lo < hi. Returns d."""
+    ds = _check_ds(cfg.d)
+    _check_seeds(cfg.seeds)
+    _check_type("solver", cfg.solver, SolverConfig)
+    a, b = getattr(cfg, lo), getattr(cfg, hi)
+    _check_num(lo, a)
+    _check_num(hi, b)
+    if not (0 < a < b):
+        raise ValueError(f"{flag(lo)} {a} / {flag(hi)} {b}: need 0 < {flag(lo)[2:]} < {flag(hi)[2:]}")
+    return ds
+
+
 def _check_type(field_: str, value, cls: type) -> None:
     if not isinstance(value, cls):
         raise ValueError(f"{field_}: expected a {cls.__name__}, got {type(value).__name__}")
@@ -131,13 +144,7 @@ class SweepConfig(DictConfig):
     solver: SolverConfig = field(default_factory=SolverConfig)
 
     def __post_init__(self) -> None:
-        self.d = _check_ds(self.d)
-        _check_seeds(self.seeds)
-        _check_type("solver", self.solver, SolverConfig)
-        _check_num("alpha_min", self.alpha_min)
-        _check_num("alpha_max", self.alpha_max)
-        if not (0 < self.alpha_min < self.alpha_max):
-            raise ValueError(f"--alpha-min {self.alpha_min} / --alpha-max {self.alpha_max}: need 0 < alpha-min < alpha-max")
+        self.d = _check_alpha_range(self, "alpha_min", "alpha_max")
         if not _is_int(self.points) or self.points < 2:
             raise bad("points", self.points, "need at least 2")
 
@@ -188,13 +195,7 @@ class CapacityConfig(DictConfig):
     rel_tol: float = 0.01  # stop bisecting when hi - lo <= max(1, rel_tol * lo): p_c resolved to ~1%
 
     def __post_init__(self) -> None:
-        self.d = _check_ds(self.d)
-        _check_seeds(self.seeds)
-        _check_type("solver", self.solver, SolverConfig)
-        _check_num("alpha_lo", self.alpha_lo)
-        _check_num("alpha_hi", self.alpha_hi)
-        if not (0 < self.alpha_lo < self.alpha_hi):
-            raise ValueError(f"--alpha-lo {self.alpha_lo} / --alpha-hi {self.alpha_hi}: need 0 < alpha-lo < alpha-hi")
+        self.d = _check_alpha_range(self, "alpha_lo", "alpha_hi")
         _check_rel_tol(self.rel_tol)
 
 

@@ -1,12 +1,12 @@
 """Exploration (issue 4): active forgetting -- reset the subject embeddings every K steps so the body
-must decode whatever embeddings GD writes. usage: forget.py N d m K cycles l2 [wu=fixed]"""
+must decode whatever embeddings GD writes. usage: forget.py N d m K cycles l2 [wu=fixed]
+(its own Adam loop around mechfact.facts.train.loss_fn: the resets need the optimiser state of W_E_ent dropped)"""
 import json, sys, time
 import torch
 torch.set_num_threads(1); torch.set_flush_denormal(True)
 from mechfact.facts import FactModel, FactModelConfig, FactWorld, evaluate
 from mechfact.facts.train import loss_fn
-from mechfact.probes.experiments import superposition_of
-from mechfact.probes.fit import FitConfig
+from mechfact.probes.experiments import superposition
 from mechfact.probes.swap import freeze_and_swap
 N, d, m, K, cycles = map(int, sys.argv[1:6]); l2 = float(sys.argv[6]); opts = sys.argv[7:]
 R = 4
@@ -38,8 +38,8 @@ s = 0
 while acc < 1.0 and s < 2000:
     for _ in range(50): step()
     s += 50; acc = evaluate(model, world)["accuracy"]
-sp = superposition_of(model, world)
-sw = freeze_and_swap(model, world, sfit=sp.fit, retrain=FitConfig(lr=1e-2, steps=300, eval_every=50))
+sp = superposition(model, world)
+sw = freeze_and_swap(model, world, sfit=sp.fit)  # retrained: Adam lr 1e-2, 300 full-batch steps
 print(json.dumps({"N": N, "d": d, "m": m, "K": K, "cycles": cycles, "l2": l2, "opts": opts, "cycle_acc": log, "extra_steps": s,
     "train_acc": acc, "r2_train": sp.r2_train, "r2_heldout": sp.r2_heldout, "ctrl": sp.control_r2_heldout,
     "coadapt": sp.attribute_coadaptation_r2, "zero_shot": sw.zero_shot_accuracy, "zs_ctrl": sw.zero_shot_control_accuracy,

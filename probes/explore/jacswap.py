@@ -7,7 +7,7 @@ from torch.func import jacrev, vmap
 torch.set_num_threads(1); torch.set_flush_denormal(True)
 from mechfact.facts import FactWorld
 from mechfact.facts.runio import load_fact_run
-from mechfact.probes.queries import accuracy, from_world
+from mechfact.probes.queries import ProbeSet, accuracy
 from mechfact.probes.swap import attribute_vectors, embedding_hook, subject_embeddings
 
 def jac_maps(model, N, R):
@@ -39,7 +39,7 @@ def run(path, new_seed=1, l2fit=True):
         alpha = torch.linalg.lstsq(A, y[:, None]).solution[:, 0].float()
         pred = c + (feats * alpha).sum(-1)
         r2 = lambda s: float(1 - ((X[s] - pred[s]) ** 2).sum() / ((X[s] - X[s].mean(0)) ** 2).sum())
-        new = FactWorld(N, R, seed=new_seed); ps_new = from_world(new); ps_old = from_world(world)
+        new = FactWorld(N, R, seed=new_seed); ps_new = ProbeSet.from_world(new); ps_old = ProbeSet.from_world(world)
         build = lambda perms: c + (torch.stack([U[r, perms[r]] for r in range(R)], -1) * alpha).sum(-1)
         zs = accuracy(model, ps_new, [embedding_hook(build(new.perms), ps_new)])
         recon = accuracy(model, ps_old, [embedding_hook(build(world.perms), ps_old)])

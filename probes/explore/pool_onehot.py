@@ -1,20 +1,19 @@
-"""Exploration: pool world, superposition on one-hot attribute indicators (a free vector per (relation, attribute))."""
-import json, sys, time
+"""Exploration: pool world, superposition on one-hot attribute indicators (a free vector per (relation, attribute)).
+usage: pool_onehot.py REGIME N A [d=, m=, steps=, init= (scale of the initial entity embeddings),
+load= (a saved state dict instead of training)]. The first version's ``opt=sgd`` (and its ``lr=``) is gone:
+the one FactModel trainer (mechfact.facts.train) has Adam only."""
+import dataclasses, json, sys, time
 import numpy as np
 import torch
 torch.set_num_threads(1); torch.set_flush_denormal(True)
-from mechfact.facts import FactWorld, evaluate
-from mechfact.probes.fit import FitConfig, train_fact_model
-from mechfact.probes.queries import accuracy, from_world
-from mechfact.probes.regimes import REGIMES
+from mechfact.facts import REGIMES, FactWorld, evaluate, train
+from mechfact.probes.queries import ProbeSet, accuracy
 from mechfact.probes.superposition import fit_superposition
 from mechfact.probes.swap import attribute_vectors, embedding_hook, subject_embeddings
-import dataclasses
 reg_name, N, A = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); R = 4
 kw = dict(a.split("=") for a in sys.argv[4:])
 reg = REGIMES[reg_name]
-if "steps" in kw: reg = dataclasses.replace(reg, fit=dataclasses.replace(reg.fit, steps=int(kw["steps"])))
-if "opt" in kw: reg = dataclasses.replace(reg, fit=dataclasses.replace(reg.fit, optimizer=kw["opt"], lr=float(kw.get("lr", reg.fit.lr))))
+if "steps" in kw: reg = dataclasses.replace(reg, train=dataclasses.replace(reg.train, steps=int(kw["steps"])))
 if "d" in kw: reg = dataclasses.replace(reg, d=int(kw["d"]))
 if "m" in kw: reg = dataclasses.replace(reg, mlp_width=int(kw["m"]))
 t = time.time()
@@ -25,12 +24,13 @@ if "init" in kw:
 if "load" in kw:
     model.load_state_dict(torch.load(kw["load"]))
 else:
-    train_fact_model(model, w0, reg.fit, freeze=reg.freeze, l2_only=reg.l2_only)
+    train(model, w0, reg.train)
+model.eval()
 acc = evaluate(model, w0)["accuracy"]
 X = subject_embeddings(model, N)
 rng = np.random.default_rng(0); idx = rng.permutation(N); tr, te = idx[: int(.8 * N)], idx[int(.8 * N):]
 w1, w2 = FactWorld(N, R, seed=1, attributes=A), FactWorld(N, R, seed=2, attributes=A)
-ps1, ps0 = from_world(w1), from_world(w0)
+ps1, ps0 = ProbeSet.from_world(w1), ProbeSet.from_world(w0)
 out = {"regime": reg_name, "N": N, "A": A, "kw": kw, "train_acc": acc}
 for name, V in (("W_U", attribute_vectors(model, N)), ("onehot", torch.eye(N)[:, :A])):
     f = fit_superposition(X, V, w0.perms, tr)
