@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mechfact.cli import main
-from mechfact.facts import evaluate
+from mechfact.facts import build_fact_model, evaluate
 from mechfact.facts import experiments as ex
 from mechfact.facts.runio import load_fact_run
 from mechfact.facts.train import TrainConfig
@@ -61,7 +61,7 @@ def test_trainable_embeddings_memorise_with_small_d():
         cfg = _tiny_train_cfg(subjects=64, d=8, mlp_width=8, model=ex.ModelSpec(embeddings=emb),
                               train=TrainConfig(steps=600, target_accuracy=0.99, eval_every=25))
         world = ex.FactWorld(64, 2, 0)
-        model = ex.build_model(world, cfg.d, cfg.mlp_width, cfg.model)
+        model = build_fact_model(world, cfg.d, cfg.mlp_width, **cfg.model.model_kwargs())
         res[emb] = ex.train(model, world, cfg.train, progress=False)["accuracy"]
     assert res["trainable"] >= 0.99
     assert res["frozen"] < 0.4, res

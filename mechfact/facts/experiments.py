@@ -46,6 +46,7 @@ class ModelSpec(DictConfig):
         FactModelConfig(2, 1, **self.to_dict())  # the model config's own checks, once
 
     def model_kwargs(self, embeddings: str | None = None) -> dict:
+        """Keyword arguments of :func:`~mechfact.facts.model.build_fact_model` (``embeddings`` overrides)."""
         return {**self.to_dict(), **({"embeddings": embeddings} if embeddings else {})}
 
 
@@ -61,12 +62,6 @@ def _check_world_and_size(cfg) -> None:
     check_int("relations", cfg.relations, 1)
     check_int("d", cfg.d, 1)
     check_int("mlp_width", cfg.mlp_width, 1)
-
-
-def build_model(world: FactWorld, d: int, mlp_width: int, spec: ModelSpec, hops: int = 1, cot: bool = False,
-                seed: int = 0, embeddings: str | None = None) -> FactModel:
-    """:func:`~mechfact.facts.model.build_fact_model` with the architecture of ``spec``."""
-    return build_fact_model(world, d, mlp_width, hops=hops, cot=cot, seed=seed, **spec.model_kwargs(embeddings))
 
 
 def training_queries(world: FactWorld, hops: int, cot: bool) -> Queries:
@@ -119,8 +114,8 @@ def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, s
     run = RunDir(out, cfg, kind="facts.train", seed=seed, device=str(device))
     world = FactWorld(cfg.subjects, cfg.relations, seed if cfg.world_seed is None else cfg.world_seed,
                       attributes=cfg.attributes)
-    model = build_model(world, cfg.d, cfg.mlp_width, cfg.model, cfg.hops, cfg.cot,
-                        seed=seed if cfg.init_seed is None else cfg.init_seed)
+    model = build_fact_model(world, cfg.d, cfg.mlp_width, hops=cfg.hops, cot=cfg.cot,
+                             seed=seed if cfg.init_seed is None else cfg.init_seed, **cfg.model.model_kwargs())
     queries = training_queries(world, cfg.hops, cfg.cot)
     tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})
     ckpt = run.file(CHECKPOINT_FILE)
@@ -234,7 +229,7 @@ def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfi
         d, m = (grid[i], cfg.mlp_width) if cfg.search == "d" else (cfg.d, grid[i])
         key = _eval_key(N, R, emb, d, m, seed)
         if key not in memo:
-            model = build_model(world, d, m, cfg.model, seed=seed, embeddings=emb)
+            model = build_fact_model(world, d, m, seed=seed, **cfg.model.model_kwargs(emb))
             res = train(model, world, tcfg, device=device, progress=False)
             memo[key] = {"accuracy": res["accuracy"], "steps": res["steps"], "stopped": res["stopped"]}
             logger.info("%s: accuracy %.4f after %d steps", key, res["accuracy"], res["steps"])
@@ -352,7 +347,8 @@ def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, 
                 continue
             cot = mode == "cot"
             queries = training_queries(world, k, cot)
-            model = build_model(world, cfg.d, cfg.mlp_width, cfg.model, k, cot, seed=seed)
+            model = build_fact_model(world, cfg.d, cfg.mlp_width, hops=k, cot=cot, seed=seed,
+                                     **cfg.model.model_kwargs())
             res = train(model, world, tcfg, device=device, queries=queries)
             result["points"].append({"hops": k, "mode": mode, "accuracy": res["accuracy"],
                                      "token_accuracy": res["token_accuracy"], "n_queries": len(queries),

@@ -37,13 +37,14 @@ from ..probes.readout import linear_readout, split_indices
 from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import DTYPES, LanguageModel, load_model
+from .prompts import POSITIONS as PROMPT_POSITIONS
 from .prompts import build_prompts, object_token_ids
 from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
 
 SITES = hooks.LAYER_SITES
-POSITIONS = ("subject_last", "subject", "subject_first", "last")  # subject_last = subject
+POSITIONS = ("subject_last", *PROMPT_POSITIONS)  # the probes' vocabulary; subject_last is subject's other name
 
 
 @dataclass

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..probes.queries import ProbeSet, check_position
+from ..probes.queries import SITE_POSITIONS, ProbeSet, check_position
 from ..seeding import derive_seed
 from .relations import Relation, as_relations
 
-POSITIONS = ("subject", "subject_first", "last")  # where a prompt's state is read (subject_last = subject)
+POSITIONS = tuple(p for p in SITE_POSITIONS if p != "relation")  # a prompt has no relation token
 
 
 @dataclass
