@@ -7,6 +7,7 @@ import argparse
 from ..cli import UsageError, common_args
 from ..llm.loading import DTYPES
 from ..llm.probe import POSITIONS, SITES
+from ..llm.superposition import ATTRIBUTES
 from ..probes.queries import PADDING
 
 
@@ -81,6 +82,26 @@ def register(subparsers) -> dict:
                         "against the model's own prediction")
     p.add_argument("--max-test", type=int, default=None, help="cap on test facts per relation (default all)")
     common_args(p)
+
+    p = sub.add_parser("superposition", help="is a subject's state a superposition of its attributes under "
+                                             "several relations? (per layer, with controls)")
+    p.add_argument("--model", default="default",
+                   help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M)")
+    p.add_argument("--relations", default=None,
+                   help="folder of relations that share subjects (default: mechfact/data/countries, 73 countries "
+                        "x 5 relations)")
+    p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")
+    p.add_argument("--layers", default="all", help="'all' or e.g. 0,4,8-12 (default all)")
+    p.add_argument("--prompt", default="{}", help="relation-neutral prompt with one {} (default: the subject alone)")
+    p.add_argument("--attributes", default="unembed", choices=ATTRIBUTES,
+                   help="attribute code: the object's unembedding row, or a one-hot class code (default unembed)")
+    p.add_argument("--splits", type=int, default=3, help="random subject splits averaged (default 3)")
+    p.add_argument("--heldout", type=float, default=0.2, help="share of subjects held out (default 0.2)")
+    p.add_argument("--min-relations", type=int, default=4, help="relations every subject must carry (default 4)")
+    p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--no-state-cache", action="store_true", help="do not read/write the hidden-state disk cache")
+    common_args(p)
     return {"llm": _run_llm}
 
 
@@ -104,7 +125,15 @@ def _run_llm(a) -> None:
     from ..llm import probe as P
 
     progress = not a.quiet
-    if a.llm_sub == "probe":
+    if a.llm_sub == "superposition":
+        from ..llm.superposition import SuperpositionConfig, run_llm_superposition
+
+        cfg = SuperpositionConfig(model=a.model, relations=a.relations, relation_names=a.relation_names,
+                                  layers=_layers(a.layers), prompt=a.prompt, attributes=a.attributes,
+                                  heldout_fraction=a.heldout, n_splits=a.splits, min_relations=a.min_relations,
+                                  dtype=a.dtype, batch_size=a.batch_size, cache_states=not a.no_state_cache)
+        run_llm_superposition(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
+    elif a.llm_sub == "probe":
         P.run_llm_probe(probe_config(a, a.model, a.relations), a.out, device=a.device_obj, seed=a.seed,
                         progress=progress)
     else:

@@ -82,3 +82,30 @@ def plot_lre(result: dict, path) -> None:
     ax.set_title(f"{result.get('model', '')}: LRE at layer {result.get('layer')} "
                  f"(beta={c.get('beta')}, rank={c.get('rank')})", fontsize=9)
     save(fig, path)
+
+
+def plot_superposition_layers(result: dict, path) -> None:
+    """Held-out R^2 of h_s ~ c + sum_r a_r(s) M_r per layer, beside its controls; each relation alone."""
+    rows = sorted(result["per_layer"], key=lambda r: r["layer"])
+    x = [r["layer"] for r in rows]
+    fig, (a, b) = subplots(1, 2, figsize=(11.0, 4.0), layout="constrained")
+    a.plot(x, [r["r2_heldout"] for r in rows], "o-", ms=3, color="k", label="all relations (held-out)")
+    a.fill_between(x, [r["r2_heldout_range"][0] for r in rows], [r["r2_heldout_range"][1] for r in rows],
+                   color="k", alpha=0.12, label="range over splits")
+    a.plot(x, [r["control_random_features_r2_heldout"] for r in rows], "s--", ms=2, color="tab:orange",
+           label="random object vectors, same size")
+    a.plot(x, [r["control_shuffled_r2_heldout"] for r in rows], ":", color="tab:gray", label="attributes shuffled")
+    a.axhline(0, color="k", lw=0.5)
+    a.set_xlabel("layer")
+    a.set_ylabel(r"held-out $R^2$ of the subject state")
+    a.set_title(f"{result.get('model', '')}: superposition of {len(result['relations'])} attributes "
+                f"({result.get('attributes')}, {len(result['subjects'])} subjects)", fontsize=9)
+    a.legend(fontsize=7)
+    for name in result["relations"]:
+        b.plot(x, [r["r2_heldout_each_relation_alone"][name] for r in rows], "o-", ms=2, lw=1, label=name)
+    b.axhline(0, color="k", lw=0.5)
+    b.set_xlabel("layer")
+    b.set_ylabel(r"held-out $R^2$, one relation alone")
+    b.set_title("each relation alone", fontsize=9)
+    b.legend(fontsize=7)
+    save(fig, path)

@@ -98,12 +98,24 @@ class LogitScoresConfig(DictConfig):
 
 # ---- in-memory probes -------------------------------------------------------------------
 
-def superposition(model, world, heldout_fraction: float = 0.2, seed: int = 0):
-    """Is each subject embedding a superposition of its attribute vectors? (:mod:`.superposition`)
+def superposition(model, world=None, heldout_fraction: float = 0.2, seed: int = 0, **options):
+    """Is each subject's representation a superposition of its attribute vectors?
 
-    Fits on ``1 - heldout_fraction`` of the subjects, scores R^2 on the rest, beside a shuffled control.
-    Returns a :class:`~mechfact.probes.superposition.SuperpositionResult`.
+    * a fact model and its FactWorld (:mod:`.superposition`): fits the subject embeddings on ``1 -
+      heldout_fraction`` of the subjects, scores R^2 on the rest, beside a shuffled control; returns a
+      :class:`~mechfact.probes.superposition.SuperpositionResult`;
+    * a pretrained :class:`~mechfact.llm.loading.LanguageModel` and relations that share subjects (default:
+      the shipped countries under five relations): the same test on the subject's state at every layer,
+      with its controls (:func:`mechfact.llm.superposition.llm_superposition`; ``options``: ``layers``,
+      ``attributes``, ``n_splits``, ``prompt``, ...); returns an ``LlmSuperpositionResult``.
     """
+    if hasattr(model, "bridge") and hasattr(model, "tokenizer"):
+        from ..llm.superposition import llm_superposition
+
+        return llm_superposition(model, world, heldout_fraction=heldout_fraction, seed=seed, **options)
+    if world is None or options:
+        raise ValueError("superposition(fact_model, world): a fact model needs its FactWorld"
+                         + (f"; unknown options {sorted(options)}" if options else ""))
     from .superposition import split_entities, superposition_test
     from .swap import attribute_vectors, subject_embeddings
 

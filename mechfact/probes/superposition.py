@@ -128,11 +128,17 @@ class SuperpositionResult:
 
 
 def superposition_test(embeddings, attributes, perms, train_subjects, heldout_subjects, *, seed: int = 0,
-                       attribute_source: str = "W_U columns") -> SuperpositionResult:
-    """Fit on ``train_subjects``, score on ``heldout_subjects``; control with unrelated permutations."""
+                       attribute_source: str = "W_U columns", coadaptation: bool = True,
+                       structure: bool = True) -> SuperpositionResult:
+    """Fit on ``train_subjects``, score on ``heldout_subjects``; control with unrelated permutations.
+
+    ``coadaptation=False`` skips :func:`attribute_coadaptation` (NaN; it costs R (R-1) fits);
+    ``structure=False`` skips the block overlap and the rank of the attribute table (empty / 0).
+    """
     X, V, P = _np(embeddings), _np(attributes), _np(perms).astype(np.int64)
-    if X.shape[0] != P.shape[1] or V.shape[0] != P.shape[1]:
-        raise ValueError(f"embeddings {X.shape}, attributes {V.shape} and perms {P.shape} disagree on N")
+    if X.shape[0] != P.shape[1] or P.min() < 0 or P.max() >= V.shape[0]:
+        raise ValueError(f"embeddings {X.shape}, attributes {V.shape} and perms {P.shape} disagree: perms must be "
+                         "(relations, subjects) indices into the attribute rows")
     tr, te = np.asarray(train_subjects), np.asarray(heldout_subjects)
     f = fit_superposition(X, V, P, tr)
     mean = X[tr].mean(0)
@@ -147,14 +153,14 @@ def superposition_test(embeddings, attributes, perms, train_subjects, heldout_su
     share = [float(((Z[:, r * k:(r + 1) * k] @ f.coef_[r * k:(r + 1) * k]) ** 2).sum()
                    - len(X) * ((Z[:, r * k:(r + 1) * k] @ f.coef_[r * k:(r + 1) * k]).mean(0) ** 2).sum()) / tot
              for r in range(R)]
-    ov, ranks = block_overlap(f.maps)
+    ov, ranks = block_overlap(f.maps) if structure else ([], [])
     return SuperpositionResult(
         r2_train=r2(X[tr], f.predict(V, P, tr), mean), r2_heldout=r2(X[te], f.predict(V, P, te), mean),
         control_r2_heldout=r2(X[te], fc.predict(V, ctrl_perms, te), mean),
         control_r2_train=r2(X[tr], fc.predict(V, ctrl_perms, tr), mean),
         per_relation_variance_share=share, block_overlap=ov, block_rank=ranks, alpha=f.alpha_,
-        n_train=int(len(tr)), n_heldout=int(len(te)), n_features=R * int(np.linalg.matrix_rank(V)),
-        attribute_coadaptation_r2=attribute_coadaptation(V, P, tr, te),
+        n_train=int(len(tr)), n_heldout=int(len(te)), n_features=R * int(np.linalg.matrix_rank(V)) if structure else 0,
+        attribute_coadaptation_r2=attribute_coadaptation(V, P, tr, te) if coadaptation else float("nan"),
         attribute_source=attribute_source, fit=f)
 
 

