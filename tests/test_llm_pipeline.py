@@ -228,3 +228,19 @@ def test_relation_in_memory_and_its_errors():
         with pytest.raises(ValueError, match=needle) as e:
             Relation(**kw)
         assert "relation 'r'" in str(e.value)
+
+
+def test_stratified_splits_balance_objects_and_report_both_baselines():
+    from mechfact.probes.readout import linear_readout, stratified_split_indices
+
+    y = np.repeat(np.arange(5), [20, 8, 4, 2, 1])  # 35 items, unbalanced, one singleton
+    for s in range(5):
+        tr, te = stratified_split_indices(y, 0.25, seed=s)
+        assert len(np.intersect1d(tr, te)) == 0 and len(tr) + len(te) == len(y)
+        counts = {c: int((y[te] == c).sum()) for c in range(4)}
+        assert counts == {0: 5, 1: 2, 2: 1, 3: 1}  # round(0.25 n), at least 1, never all of a class
+    X = np.random.default_rng(0).normal(size=(len(y), 4))
+    sc = linear_readout(X, y, tr, te, kind="classifier")
+    p = np.bincount(y[tr], minlength=5) / len(tr)
+    assert sc.prior_baseline == pytest.approx(float(np.mean(p[y[te]])))
+    assert sc.chance == pytest.approx(float(np.mean(y[te] == 0)))  # the majority-class rate

@@ -50,7 +50,9 @@ def readout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--known-tokens", type=int, default=1, help="a fact is known if the greedy next tokens match "
                    "the object's first N tokens (default 1)")
     p.add_argument("--readout-on", default="all", choices=("all", "known"), help="facts used by the readout (default all)")
-    p.add_argument("--splits", type=int, default=3, help="random held-out splits averaged (default 3)")
+    p.add_argument("--splits", type=int, default=3, help="held-out splits averaged (default 3)")
+    p.add_argument("--split", default="stratified", choices=("stratified", "random"),
+                   help="held-out subjects balanced by object (as the LRE authors) or at random (default stratified)")
     p.add_argument("--padding", default="right", choices=PADDING)
 
 
@@ -116,7 +118,8 @@ def probe_config(a, model: str, relations: str | None):
     from ..llm.probe import ProbeConfig
 
     return ProbeConfig(model=model, relations=relations, layers=_layers(a.layers), site=a.site, position=a.position,
-                       known_tokens=a.known_tokens, readout_on=a.readout_on, n_splits=a.splits, padding=a.padding,
+                       known_tokens=a.known_tokens, readout_on=a.readout_on, n_splits=a.splits, split=a.split,
+                       padding=a.padding,
                        **prompt_options(a))
 
 

@@ -22,7 +22,9 @@ def plot_readout(result: dict, path) -> None:
         x = [p["layer"] for p in pts]
         ax.plot(x, [p["readout_accuracy"] for p in pts], "o-", ms=2.5, label="readout (held-out)")
         ax.plot(x, [p["control_accuracy"] for p in pts], "s--", ms=2, color="tab:gray", label="shuffled control")
-        ax.plot(x, [p["chance"] for p in pts], ":", color="tab:red", label="chance")
+        ax.plot(x, [p["chance"] for p in pts], ":", color="tab:red", label="majority class")
+        if all("prior_baseline" in p for p in pts):
+            ax.plot(x, [p["prior_baseline"] for p in pts], "-.", color="tab:purple", lw=0.8, label="class prior")
         ax.set_title(f"{rel['relation']} ({pts[0]['readout_kind'] if pts else ''})\n"
                      f"known {rel['n_known']}/{rel['n_samples']}", fontsize=8)
         ax.set_ylim(-0.02, 1.02)

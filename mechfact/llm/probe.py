@@ -33,7 +33,7 @@ import torch
 from .. import hooks
 from ..config import DictConfig, check_choice, check_float, check_int
 from ..probes.queries import PADDING, ProbeSet, Site, collect, pad_batch
-from ..probes.readout import linear_readout, split_indices
+from ..probes.readout import linear_readout, split_indices, stratified_split_indices
 from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import DTYPES, LanguageModel, load_model
@@ -62,6 +62,7 @@ class ProbeConfig(DictConfig):
     readout_on: str = "all"  # all | known: which facts the readout is fitted/scored on
     heldout_fraction: float = 0.25  # held-out subjects per split
     n_splits: int = 3  # readout accuracy averaged over this many random subject splits
+    split: str = "stratified"  # stratified: object-balanced held-out subjects (as the LRE authors) | random
     C: float = 1.0  # logistic-regression regularisation (classifier readout)
     alpha: float = 10.0  # ridge regularisation (vector readout)
     dtype: str = "float32"
@@ -77,6 +78,7 @@ class ProbeConfig(DictConfig):
         check_choice("readout_on", self.readout_on, ("all", "known"))
         check_float("heldout_fraction", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
         check_int("splits", self.n_splits, 1)
+        check_choice("split", self.split, ("stratified", "random"))
         check_float("C", self.C, lo=0, lo_open=True)
         check_float("alpha", self.alpha, lo=0, lo_open=True)
         check_int("batch_size", self.batch_size, 1)
@@ -187,8 +189,9 @@ def layer_readouts(rs: RelationStates, lm: LanguageModel, cfg: ProbeConfig, seed
         logger.warning("%s: %d facts for the readout (need 4); skipped", name, len(idx))
         return []
     kind, y, vecs = readout_targets(rs, lm, idx)
-    splits = [split_indices(len(idx), cfg.heldout_fraction, seed=derive_seed(seed, f"llm.split.{name}", s))
-              for s in range(cfg.n_splits)]
+    split = (lambda s: stratified_split_indices(y, cfg.heldout_fraction, seed=s)) if cfg.split == "stratified" \
+        else (lambda s: split_indices(len(idx), cfg.heldout_fraction, seed=s))
+    splits = [split(derive_seed(seed, f"llm.split.{name}", s)) for s in range(cfg.n_splits)]
     rows = []
     for j, layer in enumerate(rs.layers):
         X = rs.states[j, idx].double().numpy()
@@ -199,6 +202,10 @@ def layer_readouts(rs: RelationStates, lm: LanguageModel, cfg: ProbeConfig, seed
                      "readout_accuracy": float(np.mean([s.accuracy for s in scores])),
                      "control_accuracy": float(np.mean([s.control_accuracy for s in scores])),
                      "chance": float(np.mean([s.chance for s in scores])),
+                     "prior_baseline": float(np.mean([s.prior_baseline for s in scores])),
+                     "readout_accuracy_range": [float(min(s.accuracy for s in scores)),
+                                                float(max(s.accuracy for s in scores))],
+                     "chance_range": [float(min(s.chance for s in scores)), float(max(s.chance for s in scores))],
                      "n_train": scores[0].n_train, "n_test": scores[0].n_test, "n_classes": scores[0].n_classes})
     return rows
 
@@ -212,8 +219,8 @@ def mean_curves(result: dict) -> list[dict]:
         for layer in sorted({r["layer"] for r in rows}):
             at = [r for r in rows if r["layer"] == layer]
             out.append({"group": group, "layer": layer, "n_relations": len(at),
-                        **{f"mean_{k}": float(np.mean([r[k] for r in at]))
-                           for k in ("readout_accuracy", "control_accuracy", "chance")}})
+                        **{f"mean_{k}": float(np.mean([r.get(k, np.nan) for r in at]))
+                           for k in ("readout_accuracy", "control_accuracy", "chance", "prior_baseline")}})
     return out
 
 
@@ -224,7 +231,8 @@ def best_layers(result: dict) -> list[dict]:
         if rows:
             b = max(rows, key=lambda r: (r["readout_accuracy"], -r["layer"]))
             out.append({"relation": rel["relation"], "kind": rel["kind"], "best_layer": b["layer"],
-                        **{k: b[k] for k in ("readout_accuracy", "control_accuracy", "chance", "n_test")}})
+                        **{k: b.get(k) for k in ("readout_accuracy", "readout_accuracy_range", "control_accuracy",
+                                                 "chance", "prior_baseline", "n_test")}})
     return out
 
 

@@ -36,10 +36,11 @@ class ReadoutScore:
     kind: str
     accuracy: float  # held-out accuracy
     control_accuracy: float  # same fit on shuffled training targets
-    chance: float
+    chance: float  # majority-class rate: share of test items with the training split's most frequent object
     n_train: int
     n_test: int
     n_classes: int  # distinct objects (classifier) or candidate vectors (vector)
+    prior_baseline: float = float("nan")  # expected accuracy of guessing by the training class prior
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +56,34 @@ def split_indices(n: int, heldout_fraction: float = 0.25, seed: int = 0, tag: st
     perm = np.random.default_rng(derive_seed(seed, tag)).permutation(n)
     n_test = min(n - 1, max(1, int(round(heldout_fraction * n))))
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def stratified_split_indices(labels, heldout_fraction: float = 0.25, seed: int = 0, tag: str = "readout.split"
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded (train, test) split balanced by label (object): each label with n >= 2 items puts
+    ``round(fraction * n)`` of them (at least 1, at most n - 1) in the test part; labels seen once are split
+    at random in the same proportion. Both parts non-empty. As the LRE authors split by object."""
+    y = np.asarray(labels)
+    if len(y) < 2:
+        raise ValueError(f"n={len(y)}: a train/test split needs at least 2 items")
+    if not 0.0 < heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction={heldout_fraction}: must lie in (0, 1)")
+    rng = np.random.default_rng(derive_seed(seed, tag + ".stratified"))
+    test, singles = [], []
+    for c in np.unique(y):
+        members = rng.permutation(np.flatnonzero(y == c))
+        if len(members) == 1:
+            singles.append(int(members[0]))
+        else:
+            test += members[:min(len(members) - 1, max(1, int(round(heldout_fraction * len(members)))))].tolist()
+    singles = rng.permutation(np.array(singles, dtype=np.int64))
+    test += singles[:int(round(heldout_fraction * len(singles)))].tolist()
+    if not test:
+        test = [int(rng.integers(len(y)))]
+    if len(test) == len(y):
+        test = test[1:]
+    te = np.sort(np.array(test, dtype=np.int64))
+    return np.setdiff1d(np.arange(len(y)), te), te
 
 
 def _as2d(x, name: str) -> np.ndarray:
@@ -113,6 +142,8 @@ def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kin
         ctrl = _classifier(X[tr], y_shuf, X[te], y[te], C, max_iter)
         vals, counts = np.unique(y[tr], return_counts=True)
         chance = float(np.mean(y[te] == vals[np.argmax(counts)]))
+        p_train = dict(zip(vals.tolist(), (counts / counts.sum()).tolist()))
+        prior = float(np.mean([p_train.get(int(v), 0.0) for v in y[te]]))
         n_classes = int(len(np.unique(y)))
     else:
         if object_vectors is None:
@@ -122,10 +153,10 @@ def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kin
             raise ValueError(f"object ids span {y.min()}..{y.max()}: allowed 0..{V.shape[0] - 1} (rows of object_vectors)")
         acc = _vector(X[tr], V[y[tr]], X[te], y[te], V, alpha)
         ctrl = _vector(X[tr], V[y_shuf], X[te], y[te], V, alpha)
-        chance = 1.0 / V.shape[0]
+        chance = prior = 1.0 / V.shape[0]
         n_classes = int(V.shape[0])
     return ReadoutScore(kind=kind, accuracy=acc, control_accuracy=ctrl, chance=chance,
-                        n_train=int(len(tr)), n_test=int(len(te)), n_classes=n_classes)
+                        n_train=int(len(tr)), n_test=int(len(te)), n_classes=n_classes, prior_baseline=prior)
 
 
 # ---- the probe on a hooked model ------------------------------------------------------
