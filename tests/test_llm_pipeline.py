@@ -221,13 +221,15 @@ def test_relation_in_memory_and_its_errors():
     assert a.kind == "one_to_one" and a.subjects == ("France", "Japan") and len(a) == 2
     assert Relation(**{k: v for k, v in a.to_dict().items()}) == a
     for bad, needle in ((dict(prompt_templates=["no slot"]), "exactly one '{}'"), (dict(samples=[]), "no samples"),
-                        (dict(samples=[("a", "b"), ("a", "c")]), "subjects must be unique"),
+                        (dict(samples=[("a", "b"), ("a", "c")], kind="one_to_one"), "the samples are one_to_many"),
                         (dict(samples=[("a", 3)]), "sample 0 must be"), (dict(kind="one_to_one",
-                         samples=[("a", "x"), ("b", "x")]), "objects repeat")):
+                         samples=[("a", "x"), ("b", "x")]), "the samples are many_to_one")):
         kw = {"name": "r", "prompt_templates": ["{} is"], "samples": [("a", "b")], **bad}
         with pytest.raises(ValueError, match=needle) as e:
             Relation(**kw)
         assert "relation 'r'" in str(e.value)
+    anto = Relation("anto", ["The opposite of {} is"], [("big", "small"), ("big", "little"), ("big", "small")])
+    assert anto.kind == "one_to_many" and len(anto) == 2 and anto.objects_of("big") == ["small", "little"]
 
 
 def test_stratified_splits_balance_objects_and_report_both_baselines():
@@ -244,3 +246,45 @@ def test_stratified_splits_balance_objects_and_report_both_baselines():
     p = np.bincount(y[tr], minlength=5) / len(tr)
     assert sc.prior_baseline == pytest.approx(float(np.mean(p[y[te]])))
     assert sc.chance == pytest.approx(float(np.mean(y[te] == 0)))  # the majority-class rate
+
+
+def test_prefix_match_is_the_authors_rule():
+    from mechfact.llm.prompts import prefix_match
+
+    class Tok:
+        def decode(self, ids):
+            return {1: " Par", 2: " par", 3: " ", 4: " Lon"}[ids[0]]
+
+    assert prefix_match(Tok(), 1, ["Paris"]) and prefix_match(Tok(), 2, ["Paris"])
+    assert not prefix_match(Tok(), 3, ["Paris"]) and not prefix_match(Tok(), 4, ["Paris"])
+    assert prefix_match(Tok(), 4, ["Paris", "London"])  # one-to-many: any object counts
+
+
+def test_authors_prompts_show_the_training_facts_and_never_the_query(tiny):
+    from mechfact.llm.prompts import build_prompts
+    from mechfact.llm.relations import load_relations
+
+    lm = tiny["models"]["llama"]
+    rel = load_relations(tiny["relations"], ["tiny_colour"])[0]
+    train = [0, 3, 5]
+    for p, i in zip(build_prompts(rel, lm.tokenizer, lm.bos_id, examples=train), range(len(rel))):
+        lines = p.text.splitlines()
+        shown = [j for j in train if j != i]
+        assert lines[:-1] == [f"The colour of {rel.subjects[j]} is {rel.objects[j]}" for j in shown]
+        assert lines[-1] == f"The colour of {rel.subjects[i]} is"
+
+
+def test_authors_protocol_sweeps_beta_and_rank_and_keeps_the_projection_baseline(tiny, one_thread):
+    import mechfact
+    from mechfact.llm.lre import AUTHORS_BETAS
+    from mechfact.llm.relations import load_relations
+
+    lm = tiny["models"]["qwen2"]
+    rel = load_relations(tiny["relations"], ["tiny_colour"])[0]
+    res = mechfact.lre(lm, rel, layer=1, n_train=3, facts="all", n_trials=2, chunk=16)
+    assert res.n_trials == 2 and res.n_test > 0 and len(res.faithfulness_by_beta) == len(AUTHORS_BETAS) == 21
+    assert res.best_beta in AUTHORS_BETAS and res.faithfulness_best_beta >= res.faithfulness
+    assert set(res.causality_by_rank) == set(res.causality_projection_baseline_by_rank) == {"16", "32", "48"}
+    assert res.causality == res.causality_by_rank["48"]  # --rank 64 capped at d_model
+    known = mechfact.lre(lm, rel, layer=1, n_train=3, n_trials=2, chunk=16)  # a random model knows nothing
+    assert known.n_known <= 2 and known.faithfulness is None

@@ -83,6 +83,13 @@ def register(subparsers) -> dict:
                    help="known: only facts the model completes correctly (default); all: every fact, scored "
                         "against the model's own prediction")
     p.add_argument("--max-test", type=int, default=None, help="cap on test facts per relation (default all)")
+    p.add_argument("--protocol", default="authors", choices=("authors", "mechfact"),
+                   help="authors: Hernandez et al.'s protocol (examples = training facts, 3-trial known filter, "
+                        "prefix match, beta and rank swept, edit with real final states); mechfact: the first "
+                        "protocol (default authors)")
+    p.add_argument("--trials", type=int, default=3, help="authors: example sets of the known filter and trials "
+                   "averaged (default 3)")
+    p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256 (default 16..256 + full)")
     common_args(p)
 
     p = sub.add_parser("superposition", help="is a subject's state a superposition of its attributes under "
@@ -140,7 +147,9 @@ def _run_llm(a) -> None:
         P.run_llm_probe(probe_config(a, a.model, a.relations), a.out, device=a.device_obj, seed=a.seed,
                         progress=progress)
     else:
+        ranks = None if a.ranks is None else _layers(a.ranks)
         cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, beta=a.beta, rank=a.rank,
-                          n_train=a.n_train, facts=a.facts, max_test=a.max_test, **prompt_options(a))
+                          n_train=a.n_train, facts=a.facts, max_test=a.max_test, protocol=a.protocol,
+                          n_trials=a.trials, ranks=ranks, **prompt_options(a))
         L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
     print(f"results written to {a.out}")

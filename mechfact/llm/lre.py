@@ -2,16 +2,34 @@
 
 For a relation and a subject layer ``l``:
 
-* ``s`` = the subject's last-token ``resid_post`` at layer ``l`` in its (k-shot)
-  prompt; ``o`` = the last layer's ``resid_post`` at the prompt's last token
+* ``s`` = the subject's last-token ``resid_post`` at layer ``l`` in its
+  prompt; ``z`` = the last layer's ``resid_post`` at the prompt's last token
   (before the final norm).
-* ``J_i = do/ds`` at training fact ``i``; ``J = mean_i J_i``,
-  ``b = mean_i (o_i - J_i s_i)``; ``LRE(s) = beta * J s + b``.
-* faithfulness: the top token of ``unembed(ln_final(LRE(s)))`` equals the
-  object's first token (= the model's own prediction, facts being known).
-* causality: edit ``s_i <- s_i + W_r^+ (LRE(s_j) - LRE(s_i))`` with ``W_r^+``
-  the rank-``r`` pseudo-inverse of ``beta J``, for a target fact ``j`` with a
-  different object; success if the model then predicts ``j``'s object.
+* ``J_i = dz/ds`` at training fact ``i``; ``J = mean_i J_i``,
+  ``b = mean_i (z_i - J_i s_i)``; ``LRE(s) = beta * J s + b``.
+
+Two protocols (``LreConfig.protocol``):
+
+* ``authors`` (default) -- as the authors' code (evandez/relations) computes it:
+  the in-context examples of EVERY prompt are the ``n_train`` training facts
+  (picked object-balanced among the known facts; test facts share no subject
+  with them); a fact is known when the model is right under each of
+  ``n_trials`` different example sets, "right" meaning the top token is a
+  case-insensitive prefix of one of the subject's objects (one-to-many
+  relations count any object); faithfulness = the LRE's decoded top token
+  matches, swept over beta 0..5 in 21 steps (``best_beta``); causality =
+  the edit ``s_i <- s_i + pinv_r(J) (z_j - z_i)`` with the model's real final
+  states, for a target ``j`` that differs in subject AND object, success when
+  the model then answers ``j``'s object, swept over the rank r
+  (``causality_by_rank``, ``best_rank``); everything averaged over
+  ``n_trials`` trials with different training facts. The first protocol's
+  edit, ``s_i + pinv_r(beta J) (LRE(s_j) - LRE(s_i))`` -- which reduces to
+  projecting ``s_j - s_i`` on J's top singular directions, so at full rank it
+  inserts the other subject's state -- is kept beside it as
+  ``causality_projection_baseline``.
+* ``mechfact`` -- the first protocol: k random in-context examples from the
+  whole relation, known = one prompt's greedy first token equals the object's,
+  one train/test split, beta fixed, the projection edit.
 
 Jacobians are computed exactly and batched: the prompt prefix before the
 subject's last token runs once and its key/value cache is reused; the
@@ -44,7 +62,9 @@ from .relations import Relation, as_relations
 logger = logging.getLogger(__name__)
 
 
-BETA_SWEEP = (0.5, 1.0, 2.0, 3.0, 5.0)
+BETA_SWEEP = (0.5, 1.0, 2.0, 3.0, 5.0)  # the mechfact protocol's faithfulness_by_beta
+AUTHORS_BETAS = tuple(round(0.25 * i, 2) for i in range(21))  # 0 .. 5 in 21 steps, as the LRE authors
+PROTOCOLS = ("authors", "mechfact")
 
 
 class _Stop(Exception):
@@ -66,6 +86,9 @@ class LreConfig(DictConfig):
     max_samples: int | None = None
     max_test: int | None = None  # cap on test facts per relation (None = all known facts left)
     chunk: int = 96  # Jacobian rows per backward pass (memory vs speed)
+    protocol: str = "authors"  # authors: Hernandez et al.'s code (module docstring) | mechfact: the first protocol
+    n_trials: int = 3  # authors: known = right under this many example sets; LRE averaged over this many trials
+    ranks: list[int] | None = None  # authors: edit ranks swept (None: 16, 32, 64, 128, 256 and full, up to d_model)
     dtype: str = "float32"
     batch_size: int = 16
     cache_states: bool = True
@@ -81,6 +104,13 @@ class LreConfig(DictConfig):
             check_int("max_test", self.max_test, 1)
         check_int("chunk", self.chunk, 1)
         check_int("batch_size", self.batch_size, 1)
+        check_choice("protocol", self.protocol, PROTOCOLS)
+        check_int("n_trials", self.n_trials, 1)
+        if self.ranks is not None:
+            if not self.ranks:
+                raise ValueError("--ranks: give at least one rank")
+            for r in self.ranks:
+                check_int("ranks", r, 1)
         check_prompt_options(self)
 
 
@@ -262,9 +292,132 @@ def evaluate_relation(lm: LanguageModel, rel, cfg: LreConfig, layer: int, seed: 
     return row, lre
 
 
+def _states_at(lm: LanguageModel, prompts: list, layer: int, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(subject states at ``layer``, last-layer states at the last token, greedy next tokens) of ``prompts``."""
+    from ..probes.queries import Site, collect
+
+    n = len(prompts)
+    ps = ProbeSet.from_prompts(prompts, relations=[0] * n, objects=range(n), object_tokens=[0] * n, pad_id=lm.pad_id)
+    s_site, z_site = Site(hooks.resid(layer, "post"), "subject"), Site(hooks.resid(lm.n_layers - 1, "post"), "last")
+    acts = collect(lm, ps, [s_site, z_site], batch_size=cfg.batch_size, cache=cfg.cache_states)
+    return acts[s_site], acts[z_site], acts.next_token
+
+
+def _balanced_pick(rng, candidates: list[int], objects, k: int) -> list[int]:
+    """``k`` of ``candidates`` with as many distinct objects as possible (round-robin over objects)."""
+    by_obj: dict[str, list[int]] = {}
+    for i in rng.permutation(candidates).tolist():
+        by_obj.setdefault(objects[i], []).append(int(i))
+    queues = [by_obj[o] for o in rng.permutation(list(by_obj)).tolist()]
+    out: list[int] = []
+    while len(out) < k and any(queues):
+        for q in queues:
+            if q and len(out) < k:
+                out.append(q.pop())
+    return sorted(out)
+
+
+def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layer: int, seed: int,
+                              progress: bool = False) -> tuple[dict, "LRE | None"]:
+    """The LRE authors' protocol (module docstring). Returns (row, the last trial's LRE)."""
+    from .prompts import build_prompts, prefix_match
+
+    tok = lm.tokenizer
+    n = len(rel)
+    rng = np.random.default_rng(derive_seed(seed, f"llm.lre.authors.{rel.name}"))
+    objects_of = {s: rel.objects_of(s) for s in set(rel.subjects)}
+    row = {"relation": rel.name, "kind": rel.kind, "n_samples": n, "n_known": 0, "n_train": 0, "n_test": 0,
+           "faithfulness": None, "causality": None}
+    # known: right (case-insensitive prefix of an object) under each of n_trials sets of n_train examples
+    known = np.ones(n, dtype=bool)
+    for t in range(cfg.n_trials if cfg.facts == "known" else 0):
+        ex = sorted(rng.choice(n, size=min(cfg.n_train, n - 1), replace=False).tolist())
+        prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=ex)
+        _, _, nxt = _states_at(lm, prompts, layer, cfg)
+        known &= np.array([prefix_match(tok, nxt[i], objects_of[rel.subjects[i]]) for i in range(n)])
+    pool = np.flatnonzero(known).tolist()
+    row["n_known"] = len(pool)
+    if len(pool) < cfg.n_train + 2:
+        logger.warning("%s: %d known facts, need %d; skipped", rel.name, len(pool), cfg.n_train + 2)
+        return row, None
+    ranks = sorted({min(r, lm.d_model) for r in (cfg.ranks or (16, 32, 64, 128, 256, lm.d_model))})
+    trials, op = [], None
+    for t in range(cfg.n_trials):
+        train = _balanced_pick(rng, pool, rel.objects, cfg.n_train)
+        train_subjects = {rel.subjects[i] for i in train}
+        test = [i for i in pool if rel.subjects[i] not in train_subjects]
+        if cfg.max_test is not None:
+            test = sorted(rng.permutation(test)[:cfg.max_test].tolist())
+        if not test:
+            continue
+        prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=train)  # the examples: train
+        S, Z, own = _states_at(lm, prompts, layer, cfg)
+
+        def right(token, i: int) -> bool:  # facts="all": judged against the model's own prediction
+            if cfg.facts == "all":
+                return int(token) == int(own[i])
+            return prefix_match(tok, token, objects_of[rel.subjects[i]])
+
+        op = estimate_lre(lm, prompts, train, layer, 1.0, cfg.chunk, progress)
+        by_beta = {}
+        for bt in AUTHORS_BETAS:
+            top = decode_top(lm, LRE(op.J, op.b, bt)(S[test]))
+            by_beta[bt] = float(np.mean([right(top[k], i) for k, i in enumerate(test)]))
+        # causality: edit fact i towards a target j that differs in subject AND object
+        pairs = []
+        for i in test:
+            others = [j for j in test if rel.subjects[j] != rel.subjects[i]
+                      and not set(objects_of[rel.subjects[j]]) & set(objects_of[rel.subjects[i]])]
+            if others:
+                pairs.append((i, int(rng.choice(others))))
+        by_rank, base_by_rank = {}, {}
+        if pairs:
+            src, dst = [i for i, _ in pairs], [j for _, j in pairs]
+            U, sv, Vh = torch.linalg.svd(op.J.double())
+            proj = LRE(op.J, op.b, cfg.beta)
+            for r in ranks:
+                q = min(r, int((sv > sv[0] * 1e-10).sum()))
+                pinv = (Vh[:q].T @ torch.diag(1 / sv[:q]) @ U[:, :q].T).float()  # rank-q pseudo-inverse of J
+                for name, delta in (("authors", (Z[dst] - Z[src]) @ pinv.T),
+                                    ("projection", (proj(S[dst]) - proj(S[src])) @ proj.pinv(r).T)):
+                    pred = patched_predictions(lm, prompts, src, layer, S[src] + delta)
+                    hit = float(np.mean([right(pred[k], j) for k, j in enumerate(dst)]))
+                    (by_rank if name == "authors" else base_by_rank)[r] = hit
+        trials.append({"train": train, "n_test": len(test), "n_causality": len(pairs), "by_beta": by_beta,
+                       "by_rank": by_rank, "baseline_by_rank": base_by_rank})
+    if not trials:
+        return row, None
+    mean = lambda key, k: float(np.mean([t[key][k] for t in trials if k in t[key]]))  # noqa: E731
+    faith = {str(b): mean("by_beta", b) for b in AUTHORS_BETAS}
+    best_beta = max(AUTHORS_BETAS, key=lambda b: (faith[str(b)], -abs(b - 1)))
+    caus = {str(r): mean("by_rank", r) for r in ranks if any(r in t["by_rank"] for t in trials)}
+    base = {str(r): mean("baseline_by_rank", r) for r in ranks if any(r in t["baseline_by_rank"] for t in trials)}
+    rank = str(min(cfg.rank, lm.d_model))
+    best_rank = max(caus, key=lambda r: (caus[r], -int(r))) if caus else None
+    beta_key = str(min(AUTHORS_BETAS, key=lambda b: abs(b - cfg.beta)))
+    row.update(
+        n_train=cfg.n_train, n_test=int(round(np.mean([t["n_test"] for t in trials]))),
+        n_causality=int(round(np.mean([t["n_causality"] for t in trials]))), n_trials=len(trials),
+        faithfulness=faith[beta_key], faithfulness_best_beta=faith[str(best_beta)], best_beta=best_beta,
+        faithfulness_by_beta=faith,
+        faithfulness_trials=[t["by_beta"][min(AUTHORS_BETAS, key=lambda b: abs(b - cfg.beta))] for t in trials],
+        causality=caus.get(rank), causality_by_rank=caus, best_rank=None if best_rank is None else int(best_rank),
+        causality_best_rank=None if best_rank is None else caus[best_rank],
+        causality_projection_baseline=base.get(rank), causality_projection_baseline_by_rank=base,
+        train_subjects=[rel.subjects[i] for i in trials[-1]["train"]])
+    return row, op
+
+
+_COMMON = ("relation", "kind", "n_samples", "n_known", "n_train", "n_test", "faithfulness", "causality")
+
+
 @dataclass
 class LreResult:
-    """What :func:`lre` returns: one relation's LRE at one layer (``operator``: the fitted ``beta J s + b``)."""
+    """What :func:`lre` returns: one relation's LRE at one layer (``operator``: the fitted ``J s + b``).
+
+    ``details`` holds the protocol's other numbers (authors: ``best_beta``, ``faithfulness_by_beta``,
+    ``causality_by_rank``, ``causality_projection_baseline``, ...), also readable as attributes.
+    """
 
     relation: str
     kind: str
@@ -275,20 +428,23 @@ class LreResult:
     n_test: int
     faithfulness: float | None  # None: too few usable facts
     causality: float | None
-    n_causality: int | None = None
-    faithfulness_bias_only: float | None = None
-    faithfulness_by_beta: dict | None = None
-    train_subjects: list | None = None
+    details: dict = field(default_factory=dict)
     operator: LRE | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_row(cls, row: dict, layer: int, operator=None) -> "LreResult":
+        return cls(layer=layer, operator=operator, details={k: v for k, v in row.items() if k not in _COMMON},
+                   **{k: row[k] for k in _COMMON})
+
+    def __getattr__(self, name: str):
+        details = self.__dict__.get("details", {})
+        if name in details:
+            return details[name]
+        raise AttributeError(f"LreResult has no attribute {name!r}")
 
     def to_dict(self) -> dict:
         """The row of ``result.json["per_relation"]`` (without the layer and the operator)."""
-        d = {k: getattr(self, k) for k in ("relation", "kind", "n_samples", "n_known", "n_train", "n_test",
-                                           "faithfulness", "causality")}
-        if self.faithfulness is not None:
-            d.update(n_causality=self.n_causality, faithfulness_bias_only=self.faithfulness_bias_only,
-                     faithfulness_by_beta=self.faithfulness_by_beta, train_subjects=self.train_subjects)
-        return d
+        return {**{k: getattr(self, k) for k in _COMMON}, **self.details}
 
 
 def _layer(lm: LanguageModel, layer: int | None) -> int:
@@ -313,8 +469,14 @@ def lre(lm: LanguageModel, relation, layer: int | None = None, *, seed: int = 0,
     rel = rels[0].subset(cfg.max_samples)
     _check_template(rel, cfg.template)
     layer = _layer(lm, cfg.layer)
-    row, op = evaluate_relation(lm, rel, cfg, layer, seed, progress)
-    return LreResult(layer=layer, operator=op, **row)
+    row, op = _evaluate(lm, rel, cfg, layer, seed, progress)
+    return LreResult.from_row(row, layer, op)
+
+
+def _evaluate(lm, rel, cfg: LreConfig, layer: int, seed: int, progress: bool):
+    if cfg.protocol == "authors":
+        return evaluate_relation_authors(lm, rel, cfg, layer, seed, progress)
+    return evaluate_relation(lm, rel, cfg, layer, seed, progress)
 
 
 def _check_template(rel: Relation, template: int) -> None:
@@ -339,7 +501,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
     for rel in rels:
         if rel.name in done:
             continue
-        row, _ = evaluate_relation(lm, rel, cfg, layer, seed, progress)
+        row, _ = _evaluate(lm, rel, cfg, layer, seed, progress)
         logger.info("%s: known %d, test %d, faithfulness %s, causality %s", rel.name, row["n_known"], row["n_test"],
                     row["faithfulness"], row["causality"])
         result["per_relation"].append(row)

@@ -40,7 +40,8 @@ def plot_readout(result: dict, path) -> None:
 
 def plot_readout_mean(result: dict, path) -> None:
     fig, ax = subplots(figsize=(6.2, 4))
-    colors = {"many_to_one": "tab:blue", "one_to_one": "tab:green", "all": "k"}
+    colors = {"many_to_one": "tab:blue", "one_to_one": "tab:green", "one_to_many": "tab:orange",
+              "many_to_many": "tab:purple", "all": "k"}
     for group, c in colors.items():
         pts = [r for r in result.get("mean_per_layer", []) if r["group"] == group]
         if not pts:

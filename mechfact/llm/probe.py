@@ -169,7 +169,7 @@ def relation_states(lm: LanguageModel, rel: Relation, cfg: ProbeConfig | None = 
 def readout_targets(rs: RelationStates, lm: LanguageModel, idx: np.ndarray):
     """(kind, object ids, object vectors or None) for the readout over samples ``idx``."""
     rel = rs.relation
-    if rel.kind == "many_to_one":
+    if rel.many_objects:
         objs = [rel.objects[i] for i in idx]
         classes = {o: c for c, o in enumerate(dict.fromkeys(objs))}
         return "classifier", np.array([classes[o] for o in objs]), None
@@ -214,7 +214,7 @@ def mean_curves(result: dict) -> list[dict]:
     """Mean readout / control / chance per layer over relations, per relation kind and overall."""
     kinds = {r["relation"]: r["kind"] for r in result["relations"]}
     out = []
-    for group in ("many_to_one", "one_to_one", "all"):
+    for group in ("many_to_one", "one_to_one", "one_to_many", "many_to_many", "all"):
         rows = [r for r in result["per_layer"] if group == "all" or kinds.get(r["relation"]) == group]
         for layer in sorted({r["layer"] for r in rows}):
             at = [r for r in rows if r["layer"] == layer]

@@ -55,10 +55,17 @@ def icl_examples(n: int, i: int, k: int, seed: int, tag: str) -> list[int]:
     return [int(j) for j in rng.choice(others, size=min(k, len(others)), replace=False)]
 
 
-def prompt_text(rel: Relation, i: int, *, k: int = 3, template: int = 0, seed: int = 0) -> tuple[str, int, int]:
-    """(text, subject char start, subject char end) of sample ``i``'s prompt."""
+def prompt_text(rel: Relation, i: int, *, k: int = 3, template: int = 0, seed: int = 0,
+                examples: list[int] | None = None) -> tuple[str, int, int]:
+    """(text, subject char start, subject char end) of sample ``i``'s prompt.
+
+    ``examples``: fixed in-context samples (those with sample ``i``'s subject left out), instead of ``k``
+    random other samples.
+    """
     tpl = rel.prompt_templates[template]
-    lines = [f"{tpl.format(rel.subjects[j])} {rel.objects[j]}" for j in icl_examples(len(rel), i, k, seed, rel.name)]
+    shown = icl_examples(len(rel), i, k, seed, rel.name) if examples is None else \
+        [j for j in examples if rel.subjects[j] != rel.subjects[i]]
+    lines = [f"{tpl.format(rel.subjects[j])} {rel.objects[j]}" for j in shown]
     head = "".join(line + "\n" for line in lines)
     start = len(head) + tpl.index("{}")
     return head + tpl.format(rel.subjects[i]), start, start + len(rel.subjects[i])
@@ -81,13 +88,20 @@ def object_token_ids(tokenizer, obj: str) -> list[int]:
     return list(tokenizer(" " + obj, add_special_tokens=False)["input_ids"])
 
 
+def prefix_match(tokenizer, token: int, objects) -> bool:
+    """The LRE authors' match: the decoded token (stripped, lowercased) is a non-empty prefix of an object."""
+    t = tokenizer.decode([int(token)]).strip().lower()
+    return bool(t) and any(str(o).lower().startswith(t) for o in objects)
+
+
 def build_prompts(rel: Relation, tokenizer, bos_id: int | None, *, k: int = 3, template: int = 0,
-                  seed: int = 0) -> list[Prompt]:
+                  seed: int = 0, examples: list[int] | None = None, samples: list[int] | None = None) -> list[Prompt]:
+    """Prompts of ``samples`` (default all) with ``k`` random in-context examples, or the fixed ``examples``."""
     if not 0 <= template < len(rel.prompt_templates):
         raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
     out = []
-    for i in range(len(rel)):
-        text, a, b = prompt_text(rel, i, k=k, template=template, seed=seed)
+    for i in (range(len(rel)) if samples is None else samples):
+        text, a, b = prompt_text(rel, i, k=k, template=template, seed=seed, examples=examples)
         toks, first, last = tokenize_prompt(tokenizer, text, (a, b), bos_id)
         out.append(Prompt(text=text, subject=rel.subjects[i], object=rel.objects[i], tokens=toks,
                           subject_first=first, subject_last=last))

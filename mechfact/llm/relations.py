@@ -1,8 +1,8 @@
 """Relational facts: :class:`Relation` in memory, and JSON files of them (format in ``mechfact/data/relations/README.md``).
 
 A relation file is ``{"name", "prompt_templates": ["... {} ..."], "samples":
-[{"subject", "object"}]}`` plus the optional ``kind`` (``many_to_one`` /
-``one_to_one``, inferred from repeated objects when absent) and ``description``.
+[{"subject", "object"}]}`` plus the optional ``kind`` (``one_to_one``, ``many_to_one``,
+``one_to_many``, ``many_to_many``; inferred when absent) and ``description``; other keys are ignored.
 Every problem is a ``ValueError`` that names the file and what is wrong.
 """
 
@@ -11,7 +11,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-KINDS = ("many_to_one", "one_to_one")
+KINDS = ("many_to_one", "one_to_one", "one_to_many", "many_to_many")
+
+
+def infer_kind(subjects, objects) -> str:
+    """``one_to_one``, ``many_to_one`` (objects repeat), ``one_to_many`` (subjects repeat) or ``many_to_many``."""
+    objects_repeat = len(set(objects)) < len(objects)
+    subjects_repeat = len(set(subjects)) < len(subjects)
+    return {(False, False): "one_to_one", (True, False): "many_to_one", (False, True): "one_to_many",
+            (True, True): "many_to_many"}[(objects_repeat, subjects_repeat)]
 
 
 class Relation:
@@ -19,7 +27,9 @@ class Relation:
 
     Built in memory, e.g. ``Relation("capital", ["The capital of {} is"], [("France", "Paris"), ...])``
     (samples as pairs or ``{"subject", "object"}`` dicts), or read from JSON with :func:`load_relations`.
-    ``kind`` (``many_to_one`` / ``one_to_one``) is inferred from repeated objects when not given.
+    ``kind`` is inferred when not given: ``one_to_one``, ``many_to_one`` (objects repeat), ``one_to_many``
+    (a subject has several objects, as in the LRE authors' antonyms) or ``many_to_many``. A fact listed twice
+    counts once.
     Every problem is a ``ValueError`` naming the relation (or its file) and what is wrong.
     """
 
@@ -50,7 +60,7 @@ class Relation:
             raise bad("'samples' must be a list of {subject, object} (or (subject, object) pairs)")
         if not samples:
             raise bad("relation has no samples")
-        subs, objs = [], []
+        subs, objs, seen = [], [], set()
         for i, smp in enumerate(samples):
             if isinstance(smp, dict):
                 sub, obj = smp.get("subject"), smp.get("object")
@@ -62,16 +72,17 @@ class Relation:
                 raise bad(f"sample {i} must be an object with string 'subject' and 'object' (or a pair of strings)")
             if not sub.strip() or not obj.strip():
                 raise bad(f"sample {i} has an empty subject or object")
+            if (sub, obj.strip()) in seen:  # a fact listed twice counts once (the LRE authors' files have some)
+                continue
+            seen.add((sub, obj.strip()))
             subs.append(sub)
             objs.append(obj.strip())
-        if len(set(subs)) != len(subs):
-            dup = sorted({x for x in subs if subs.count(x) > 1})
-            raise bad(f"subjects must be unique (repeated: {', '.join(dup[:5])})")
-        kind = kind or ("many_to_one" if len(set(objs)) < len(objs) else "one_to_one")
+        inferred = infer_kind(subs, objs)
+        kind = kind or inferred
         if kind not in KINDS:
             raise bad(f"'kind' {kind!r}: allowed values are {', '.join(KINDS)}")
-        if kind == "one_to_one" and len(set(objs)) < len(objs):
-            raise bad("kind one_to_one but some objects repeat")
+        if kind != inferred and not (kind == "many_to_one" and inferred == "one_to_one"):
+            raise bad(f"kind {kind} but the samples are {inferred} (subjects or objects repeat)")
         self.name, self.kind, self.prompt_templates = name, kind, tuple(tpls)
         self.subjects, self.objects = tuple(subs), tuple(objs)
         self.description, self.source = str(description), str(source)
@@ -88,6 +99,15 @@ class Relation:
     @property
     def samples(self) -> list[tuple[str, str]]:
         return list(zip(self.subjects, self.objects))
+
+    def objects_of(self, subject: str) -> list[str]:
+        """Every object of ``subject`` (several in one-to-many relations)."""
+        return [o for s, o in zip(self.subjects, self.objects) if s == subject]
+
+    @property
+    def many_objects(self) -> bool:
+        """Objects repeat across subjects (a classifier readout over the object set makes sense)."""
+        return self.kind in ("many_to_one", "many_to_many")
 
     @property
     def object_set(self) -> list[str]:
