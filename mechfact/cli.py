@@ -194,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.quiet:
             _silence_progress()
         args.device_obj = resolve_device(args.device)
-        check_writable(args.out)
+        if args.out is not None:  # commands that only print (llm models) have no run directory
+            check_writable(args.out)
         COMMANDS[args.command](args)
     except (UsageError, ValueError) as exc:
         print(f"mechfact: error: {exc}", file=sys.stderr)

@@ -101,3 +101,15 @@ print(matplotlib.get_backend(), len(plt.get_fignums()))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["svg", "0"], out.stderr
     assert (tmp_path / "f.png").stat().st_size > 1000
+
+
+def test_load_model_without_arguments_is_the_embedded_model(monkeypatch):
+    """None, "default" and the short name name one packaged model (resolved before any path lookup)."""
+    from mechfact.llm import loading, registry
+
+    seen = []
+    monkeypatch.setattr(registry, "model_dir", lambda m: seen.append(m.name) or (_ for _ in ()).throw(ValueError("x")))
+    for spec in (None, "default", "smollm2-135m"):
+        with pytest.raises(ValueError, match="x"):
+            loading.load_model(spec)
+    assert seen == ["smollm2-135m"] * 3

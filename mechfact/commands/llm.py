@@ -92,6 +92,9 @@ def register(subparsers) -> dict:
     p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256 (default 16..256 + full)")
     common_args(p)
 
+    p = sub.add_parser("models", help="the packaged pretrained models: short name, installed or not, install line")
+    p.set_defaults(out=None, device="cpu", seed=0, threads=None, quiet=True)
+
     p = sub.add_parser("superposition", help="is a subject's state a superposition of its attributes under "
                                              "several relations? (per layer, with controls)")
     p.add_argument("--model", default="default",
@@ -135,6 +138,13 @@ def _run_llm(a) -> None:
     from ..llm import probe as P
 
     progress = not a.quiet
+    if a.llm_sub == "models":
+        from ..llm.registry import status
+
+        for row in status():
+            print(f"{row['name']:>14}  {'installed' if row['installed'] else 'not installed':<13}  {row['model']}: "
+                  f"{row['note']}\n{'':>16}{row['install']}")
+        return
     if a.llm_sub == "superposition":
         from ..llm.superposition import SuperpositionConfig, run_llm_superposition
 

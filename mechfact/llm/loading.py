@@ -301,7 +301,7 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
     dname = next(k for k, v in DTYPES.items() if v == dtype)
     hf_model = tokenizer = None
     packaged = resolve(DEFAULT_MODEL if spec is None else str(spec))
-    if packaged is not None and not Path(str(spec or "")).expanduser().exists():
+    if packaged is not None and (spec is None or not Path(str(spec)).expanduser().exists()):
         folder = model_dir(packaged)
         name, target, ident = packaged.display, str(folder), f"{packaged.name}:{packaged.sha256[:16]}"
     else:

