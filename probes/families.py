@@ -53,7 +53,7 @@ def readout_table(out: Path) -> str:
     rows = ["| relation | " + " | ".join(f"{m}: best layer / readout (control, majority)" for m in MODELS) + " |",
             "|---|" + "---|" * len(MODELS)]
     res = {m: _read(out / m / "probe" / "result.json") for m in MODELS}
-    names = sorted({b["relation"] for r in res.values() if r for b in r["best_layers"]})
+    names = sorted({b["relation"] for r in res.values() if r for b in r.get("best_layers", [])})
     for name in names:
         cells = []
         for m in MODELS:
@@ -76,6 +76,11 @@ def lre_table(out: Path) -> str:
             x = r["per_relation"][0]
             if x["faithfulness"] is None:
                 rows.append(f"| {x['relation']} | {m} | {x['n_known']}/{x['n_samples']} | too few known facts | | | | |")
+                continue
+            if not x["causality_by_rank"]:
+                rows.append(f"| {x['relation']} | {m} | {x['n_known']}/{x['n_samples']} | {x['faithfulness']:.2f} | "
+                            f"{x['best_beta']}: {x['faithfulness_best_beta']:.2f} | no target with another object | "
+                            "| |")
                 continue
             full = max(x["causality_by_rank"], key=int)
             rows.append(
@@ -108,7 +113,7 @@ def figure(out: Path, path: Path) -> None:
     fig, (a, b) = subplots(1, 2, figsize=(11.0, 4.0), layout="constrained")
     for m in MODELS:
         r = _read(out / m / "probe" / "result.json")
-        if r:
+        if r and r.get("mean_per_layer"):
             pts = [p for p in r["mean_per_layer"] if p["group"] == "all"]
             x = [p["layer"] / max(1, r["n_layers"] - 1) for p in pts]
             line, = a.plot(x, [p["mean_readout_accuracy"] for p in pts], "o-", ms=2.5, label=f"{m} readout")

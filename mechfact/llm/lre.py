@@ -365,8 +365,8 @@ def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layer: int
             by_beta[bt] = float(np.mean([right(top[k], i) for k, i in enumerate(test)]))
         # causality: edit fact i towards a target j that differs in subject AND object
         pairs = []
-        for i in test:
-            others = [j for j in test if rel.subjects[j] != rel.subjects[i]
+        for i in test:  # targets: any known fact with another subject and no shared object
+            others = [j for j in pool if rel.subjects[j] != rel.subjects[i]
                       and not set(objects_of[rel.subjects[j]]) & set(objects_of[rel.subjects[i]])]
             if others:
                 pairs.append((i, int(rng.choice(others))))
