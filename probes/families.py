@@ -26,6 +26,7 @@ AUTHORS = ("factual/country_capital_city", "factual/person_plays_pro_sport", "li
 STRIDE = {"smollm2-135m": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
           "qwen2.5-0.5b": "0,3,6,9,12,15,18,21,23"}
 LRE_DATA = Path("..") / "shared" / "data" / "lre"
+COLORS = {"smollm2-135m": "tab:blue", "gemma3-270m": "tab:orange", "qwen2.5-0.5b": "tab:green"}
 
 
 def _read(path: Path):
@@ -116,16 +117,17 @@ def figure(out: Path, path: Path) -> None:
         if r and r.get("mean_per_layer"):
             pts = [p for p in r["mean_per_layer"] if p["group"] == "all"]
             x = [p["layer"] / max(1, r["n_layers"] - 1) for p in pts]
-            line, = a.plot(x, [p["mean_readout_accuracy"] for p in pts], "o-", ms=2.5, label=f"{m} readout")
-            a.plot(x, [p["mean_control_accuracy"] for p in pts], "--", color=line.get_color(), lw=0.8,
+            a.plot(x, [p["mean_readout_accuracy"] for p in pts], "o-", ms=2.5, color=COLORS[m], label=f"{m} readout")
+            a.plot(x, [p["mean_control_accuracy"] for p in pts], "--", color=COLORS[m], lw=0.8,
                    label=f"{m} shuffled control")
         s = _read(out / m / "superposition" / "result.json")
         if s:
             n = max(x["layer"] for x in s["per_layer"])
             xs = [x["layer"] / max(1, n) for x in s["per_layer"]]
             b.plot(xs, [x["decodability"]["countries_continent"]["accuracy"] for x in s["per_layer"]], "o-", ms=2.5,
-                   label=f"{m}: continent decodable")
-            b.plot(xs, [x["r2_heldout"] for x in s["per_layer"]], "s:", ms=2, label=f"{m}: superposition R^2")
+                   color=COLORS[m], label=f"{m}: continent decodable")
+            b.plot(xs, [x["r2_heldout"] for x in s["per_layer"]], "s:", ms=2, color=COLORS[m],
+                   label=f"{m}: superposition R^2")
     a.set_xlabel("relative depth (layer / last layer)")
     a.set_ylabel("mean held-out readout accuracy (14 relations)")
     a.set_ylim(-0.02, 1.02)
