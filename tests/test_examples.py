@@ -19,7 +19,7 @@ def test_linear_memory_example_runs_and_reports_numbers():
 
 def _run_example(name: str) -> str:
     out = subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT, env={**__import__("os").environ, "TQDM_DISABLE": "1"})
+                         timeout=600, cwd=ROOT, env={**__import__("os").environ, "TQDM_DISABLE": "1"})
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -56,7 +56,8 @@ def test_facts_memorisation_example():
 @pytest.mark.slow
 def test_llm_readout_example_reads_the_country_of_a_city():
     """The embedded SmolLM2-135M: a mid/late layer reads city -> country well above chance and control (measured
-    up to 0.69 vs control <= 0.1); the LRE is faithful on most held-out facts (measured 0.70)."""
+    with object-balanced splits: up to 0.85 vs control <= 0.08); the authors' LRE (one trial) is faithful on most
+    held-out facts (measured 0.75)."""
     stdout = _run_example("llm_readout.py")
     rows = [tuple(map(float, r)) for r in re.findall(r"^\s*\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", stdout, re.M)]
     assert len(rows) == 8
