@@ -7,7 +7,6 @@ attribute vectors (held-out R^2 ~ 0.9). docs/results_probes.md.
 """
 
 import pytest
-import torch
 
 from mechfact.facts import FactModel, FactModelConfig, FactWorld, TrainConfig, train
 from mechfact.probes.experiments import superposition

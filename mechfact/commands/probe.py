@@ -8,11 +8,10 @@ of ``mechfact llm probe`` (same code, same numbers). ``superposition`` and ``swa
 
 from __future__ import annotations
 
-import argparse
 
 from ..cli import UsageError, common_args
 from ..probes.experiments import InterveneConfig
-from .llm import _layers, prompt_args, prompt_options, readout_args
+from .llm import prompt_args, prompt_options, readout_args
 
 PROBES = ("readout", "superposition", "intervene", "swap", "scores")
 

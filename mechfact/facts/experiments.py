@@ -20,7 +20,6 @@ from ..config import DictConfig, check_choice, check_int
 from ..executor import Executor, Job, LocalExecutor
 from ..runs import RunDir, atomic_path
 from .construct import block_size_for, construct
-from .evaluate import evaluate
 from .model import EMBEDDINGS, FactModel, FactModelConfig, build_fact_model
 from .runio import save_fact_run
 from .train import TrainConfig, train

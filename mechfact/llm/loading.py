@@ -45,7 +45,6 @@ from typing import Any
 import torch
 
 from ..device import resolve_device
-from ..runs import cache_dir
 
 logger = logging.getLogger(__name__)
 
