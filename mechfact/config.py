@@ -48,6 +48,14 @@ def check_float(field: str, value: Any, *, lo: float | None = None, hi: float | 
         raise bad(field, value, "must be " + " and ".join(x for x in (left, right) if x))
 
 
+def check_int_list(field: str, values: Any, lo: int, empty: str = "give at least one value") -> None:
+    """A non-empty list of integers >= ``lo`` (``--layers``, ``--ranks``)."""
+    if not values:
+        raise ValueError(f"{flag(field)}: {empty}")
+    for v in values:
+        check_int(field, v, lo)
+
+
 def check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     if value not in allowed:

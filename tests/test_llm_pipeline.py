@@ -50,8 +50,7 @@ def _states(lm, prompts, layers=None, site="resid_post", **kw):
     from mechfact import hooks
     from mechfact.probes.queries import ProbeSet, Site, collect
 
-    n = len(prompts)
-    ps = ProbeSet.from_prompts(prompts, relations=[0] * n, objects=range(n), object_tokens=[0] * n, pad_id=lm.pad_id)
+    ps = ProbeSet.from_prompts(prompts, pad_id=lm.pad_id)
     sites = [Site(hooks.layer_site(site, l), "subject") for l in (range(lm.n_layers) if layers is None else layers)]
     acts = collect(lm, ps, sites, **kw)
     return torch.stack([acts[s] for s in sites]), acts.next_token

@@ -51,7 +51,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hooks
-from ..config import DictConfig, check_choice, check_float, check_int
+from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
 from ..probes.queries import ProbeSet
 from ..runs import RunDir
 from ..seeding import derive_seed
@@ -107,10 +107,7 @@ class LreConfig(DictConfig):
         check_choice("protocol", self.protocol, PROTOCOLS)
         check_int("n_trials", self.n_trials, 1)
         if self.ranks is not None:
-            if not self.ranks:
-                raise ValueError("--ranks: give at least one rank")
-            for r in self.ranks:
-                check_int("ranks", r, 1)
+            check_int_list("ranks", self.ranks, 1)
         check_prompt_options(self)
 
 
@@ -231,9 +228,7 @@ def patched_predictions(lm: LanguageModel, prompts: list, idx: list[int], layer:
     """
     from ..probes.patching import Intervention, run_with_interventions
 
-    chosen = [prompts[i] for i in idx]
-    ps = ProbeSet.from_prompts(chosen, relations=[0] * len(idx), objects=idx, object_tokens=[0] * len(idx),
-                               pad_id=lm.pad_id, subjects=idx)
+    ps = ProbeSet.from_prompts([prompts[i] for i in idx], pad_id=lm.pad_id, objects=idx, subjects=idx)
     out = torch.empty(len(idx), dtype=torch.long)
     for k in range(len(idx)):
         iv = Intervention(site=hooks.resid(layer, "post"), kind="set", position="subject",
@@ -296,8 +291,7 @@ def _states_at(lm: LanguageModel, prompts: list, layer: int, cfg) -> tuple[torch
     """(subject states at ``layer``, last-layer states at the last token, greedy next tokens) of ``prompts``."""
     from ..probes.queries import Site, collect
 
-    n = len(prompts)
-    ps = ProbeSet.from_prompts(prompts, relations=[0] * n, objects=range(n), object_tokens=[0] * n, pad_id=lm.pad_id)
+    ps = ProbeSet.from_prompts(prompts, pad_id=lm.pad_id)
     s_site, z_site = Site(hooks.resid(layer, "post"), "subject"), Site(hooks.resid(lm.n_layers - 1, "post"), "last")
     acts = collect(lm, ps, [s_site, z_site], batch_size=cfg.batch_size, cache=cfg.cache_states)
     return acts[s_site], acts[z_site], acts.next_token
@@ -373,12 +367,9 @@ def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layer: int
         by_rank, base_by_rank = {}, {}
         if pairs:
             src, dst = [i for i, _ in pairs], [j for _, j in pairs]
-            U, sv, Vh = torch.linalg.svd(op.J.double())
-            proj = LRE(op.J, op.b, cfg.beta)
+            proj, plain = LRE(op.J, op.b, cfg.beta), LRE(op.J, op.b, 1.0)
             for r in ranks:
-                q = min(r, int((sv > sv[0] * 1e-10).sum()))
-                pinv = (Vh[:q].T @ torch.diag(1 / sv[:q]) @ U[:, :q].T).float()  # rank-q pseudo-inverse of J
-                for name, delta in (("authors", (Z[dst] - Z[src]) @ pinv.T),
+                for name, delta in (("authors", (Z[dst] - Z[src]) @ plain.pinv(r).T),  # rank-r pseudo-inverse of J
                                     ("projection", (proj(S[dst]) - proj(S[src])) @ proj.pinv(r).T)):
                     pred = patched_predictions(lm, prompts, src, layer, S[src] + delta)
                     hit = float(np.mean([right(pred[k], j) for k, j in enumerate(dst)]))

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .. import hooks
-from ..config import DictConfig, check_choice, check_float, check_int
+from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
 from ..probes.queries import PADDING, ProbeSet, Site, collect, pad_batch
 from ..probes.readout import linear_readout, split_indices, stratified_split_indices
 from ..runs import RunDir
@@ -84,10 +84,7 @@ class ProbeConfig(DictConfig):
         check_int("batch_size", self.batch_size, 1)
         check_choice("padding", self.padding, PADDING)
         if self.layers is not None:
-            if not self.layers:
-                raise ValueError("--layers: give at least one layer, or all")
-            for layer in self.layers:
-                check_int("layers", layer, 0)
+            check_int_list("layers", self.layers, 0, "give at least one layer, or all")
 
 
 def check_prompt_options(cfg) -> None:
@@ -148,9 +145,8 @@ def relation_states(lm: LanguageModel, rel: Relation, cfg: ProbeConfig | None = 
     layers = list(range(lm.n_layers)) if layers is None else [lm.check_layer(int(l), "--layers") for l in layers]
     prompts = build_prompts(rel, lm.tokenizer, lm.bos_id, k=cfg.k_shot, template=cfg.template, seed=seed)
     obj_toks = [object_token_ids(lm.tokenizer, p.object) for p in prompts]
-    n = len(prompts)
-    ps = ProbeSet.from_prompts(prompts, relations=[0] * n, objects=range(n), object_tokens=[o[0] for o in obj_toks],
-                               pad_id=lm.pad_id, relation_names=[rel.name])
+    ps = ProbeSet.from_prompts(prompts, object_tokens=[o[0] for o in obj_toks], pad_id=lm.pad_id,
+                               relation_names=[rel.name])
     sites = [Site(hooks.layer_site(cfg.site, layer), cfg.position) for layer in layers]
     acts = collect(lm, ps, sites, batch_size=cfg.batch_size, padding=cfg.padding, cache=cfg.cache_states,
                    progress=progress, desc=rel.name)

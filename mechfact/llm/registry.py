@@ -129,9 +129,10 @@ def model_dir(m: PackagedModel) -> Path:
     src = dest / "source.json"
     if (dest / "config.json").is_file() and src.is_file():
         try:
-            if read_json(src).get("parts") == _stamp(files) and read_json(src).get("sha256") == m.sha256:
+            seen = read_json(src)
+            if seen.get("parts") == _stamp(files) and seen.get("sha256") == m.sha256:
                 return dest
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # unreadable or not an object: verify again
             pass
     files = verified_parts(m)
     if (dest / "config.json").is_file():

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from .. import hooks
-from ..config import DictConfig, check_choice, check_float, check_int
+from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
 from ..probes.queries import ProbeSet, Site, collect
 from ..runs import RunDir
 from ..seeding import derive_seed, generator
@@ -85,10 +85,7 @@ class SuperpositionConfig(DictConfig):
         check_choice("dtype", self.dtype, DTYPES)
         check_int("batch_size", self.batch_size, 1)
         if self.layers is not None:
-            if not self.layers:
-                raise ValueError("--layers: give at least one layer, or all")
-            for layer in self.layers:
-                check_int("layers", layer, 0)
+            check_int_list("layers", self.layers, 0, "give at least one layer, or all")
 
 
 def shared_subjects(rels: list[Relation], min_relations: int) -> tuple[list[str], list[Relation]]:
@@ -134,8 +131,7 @@ def subject_states(lm: LanguageModel, subjects: list[str], cfg: SuperpositionCon
     """(layers, n_subjects, d_model) states at the subject's last token of the neutral prompt."""
     probe = Relation("subjects", [cfg.prompt], [(s, "-") for s in subjects])
     prompts = build_prompts(probe, lm.tokenizer, lm.bos_id, k=0)
-    n = len(prompts)
-    ps = ProbeSet.from_prompts(prompts, relations=[0] * n, objects=range(n), object_tokens=[0] * n, pad_id=lm.pad_id)
+    ps = ProbeSet.from_prompts(prompts, pad_id=lm.pad_id)
     sites = [Site(hooks.resid(layer, "post"), "subject") for layer in layers]
     acts = collect(lm, ps, sites, batch_size=cfg.batch_size, cache=cfg.cache_states, progress=progress,
                    desc="subject states")

@@ -133,19 +133,24 @@ class ProbeSet:
                    relation_token_ids=torch.arange(world.n_relations) + world.n_entities, pad_id=world.pad_token)
 
     @classmethod
-    def from_prompts(cls, prompts: Sequence, *, relations: Sequence[int], objects: Sequence[int],
-                     object_tokens: Sequence[int], pad_id: int, subjects: Sequence[int] | None = None,
-                     relation_names: Sequence[str] | None = None) -> "ProbeSet":
-        """Tokenised prompts (objects with ``tokens``, ``subject_first``, ``subject_last``), right-padded."""
+    def from_prompts(cls, prompts: Sequence, *, pad_id: int, relations: Sequence[int] | None = None,
+                     objects: Sequence[int] | None = None, object_tokens: Sequence[int] | None = None,
+                     subjects: Sequence[int] | None = None, relation_names: Sequence[str] | None = None
+                     ) -> "ProbeSet":
+        """Tokenised prompts (objects with ``tokens``, ``subject_first``, ``subject_last``), right-padded.
+
+        Left out, ``relations`` are all 0 (one relation), ``objects`` and ``subjects`` the prompt indices and
+        ``object_tokens`` 0: enough for collecting states or patching, where no answer is scored.
+        """
         if not prompts:
             raise ValueError("no prompts: a probe set needs at least one query")
-        T = max(len(p.tokens) for p in prompts)
-        toks = torch.full((len(prompts), T), int(pad_id), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            toks[i, :len(p.tokens)] = torch.tensor(list(p.tokens), dtype=torch.long)
+        n = len(prompts)
+        toks = pad_batch([p.tokens for p in prompts], int(pad_id), "right")[0]
         as_t = lambda v: torch.as_tensor(list(v), dtype=torch.long)  # noqa: E731
-        return cls(tokens=toks, subjects=as_t(range(len(prompts)) if subjects is None else subjects),
-                   relations=as_t(relations), objects=as_t(objects), object_tokens=as_t(object_tokens),
+        return cls(tokens=toks, subjects=as_t(range(n) if subjects is None else subjects),
+                   relations=as_t([0] * n if relations is None else relations),
+                   objects=as_t(range(n) if objects is None else objects),
+                   object_tokens=as_t([0] * n if object_tokens is None else object_tokens),
                    subject_pos=as_t(p.subject_last for p in prompts),
                    answer_pos=as_t(len(p.tokens) - 1 for p in prompts),
                    subject_first_pos=as_t(p.subject_first for p in prompts), pad_id=int(pad_id),
