@@ -6,11 +6,13 @@
 What it runs, per packaged model (``mechfact llm models``; install lines in the README):
 
 * ``mechfact llm probe --layers all --k-shot 3 --max-samples 40`` (the 14 shipped relations);
-* ``mechfact llm lre --relations <authors' file> --max-samples 60 --max-test 12 --trials 2`` on the relations of
-  ``AUTHORS`` from ``../shared/data/lre`` (external data, read in place);
+* ``mechfact llm lre --relations ../shared/data/lre/{factual,linguistic} --max-samples 100 --max-test 20``
+  (the authors' protocol, 3 trials, every one of their 32 relations at the middle layer; external data, read in
+  place), and a layer sweep (``--layers``, 2 trials) on the relations of ``SWEEP``;
 * ``mechfact llm superposition`` on the shipped countries at every ``STRIDE``-th layer, 2 splits.
 
-Run folders: ``runs/fam/<model>/{probe,lre_authors_<relation>,superposition}``. Reruns skip finished runs.
+Run folders: ``runs/fam/<model>/{probe,lre_authors_factual,lre_authors_linguistic,lre_layers_<part>,superposition}``.
+Reruns skip finished runs (and a stopped run resumes relation by relation).
 """
 
 from __future__ import annotations
@@ -21,11 +23,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")
-AUTHORS = ("factual/country_capital_city", "factual/person_plays_pro_sport", "linguistic/adj_antonym")
+PARTS = ("factual", "linguistic")  # folders of ../shared/data/lre
+SWEEP = {"factual": ("country capital city", "plays pro sport", "person occupation"),
+         "linguistic": ("adjective comparative", "word first letter")}
+SWEEP_LAYERS = {"smollm2-135m": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15", "qwen2.5-0.5b": "2,7,12,16,20"}
 STRIDE = {"smollm2-135m": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
           "qwen2.5-0.5b": "0,3,6,9,12,15,18,21,23"}
 LRE_DATA = Path("..") / "shared" / "data" / "lre"
+LRE_LAYER = {"smollm2-135m": 15, "gemma3-270m": 9, "qwen2.5-0.5b": 12}  # n_layers // 2, the default
+# The authors' LRE faithfulness (recall@1, in-context prompt) per relation for GPT-J and LLaMA-13B, as stored in
+# their repository evandez/relations, notebooks/figures/relation_order_{gptj,llama-13b}.json (commit 093c389),
+# the data of their relation-wise faithfulness figure; LLaMA's president relations failed in their sweep (None).
+PUBLISHED = {  # relation: (GPT-J, LLaMA-13B)
+    "company CEO": (0.06, 0.02), "person father": (0.07, 0.02), "person mother": (0.14, 0.01),
+    "pokemon evolution": (0.15, 0.07), "company hq": (0.21, 0.30), "superhero archnemesis": (0.30, 0.16),
+    "product by company": (0.31, 0.59), "landmark in country": (0.36, 0.62), "star constellation name": (0.41, 0.08),
+    "person sport position": (0.42, 0.64), "superhero person": (0.44, 0.31), "city in country": (0.44, 0.55),
+    "person occupation": (0.49, 0.60), "food from country": (0.51, 0.71), "president election year": (0.52, None),
+    "president birth year": (0.54, None), "landmark on continent": (0.56, 0.69), "word last letter": (0.57, 0.39),
+    "country currency": (0.58, 0.32), "word first letter": (0.58, 0.85), "person plays instrument": (0.59, 0.41),
+    "person lead singer of band": (0.64, 0.68), "person university": (0.64, 0.19),
+    "person native language": (0.65, 0.88), "adjective antonym": (0.69, 0.45), "plays pro sport": (0.75, 0.84),
+    "country capital city": (0.88, 0.65), "country language": (0.88, 0.88), "country largest city": (0.92, 0.58),
+    "adjective superlative": (0.93, 0.83), "verb past tense": (0.95, 0.92), "adjective comparative": (0.98, 0.90),
+}
 COLORS = {"smollm2-135m": "tab:blue", "gemma3-270m": "tab:orange", "qwen2.5-0.5b": "tab:green"}
 
 
@@ -38,10 +62,13 @@ def run(out: Path) -> None:
     for m in MODELS:
         jobs = [(out / m / "probe", ["llm", "probe", "--model", m, "--layers", "all", "--k-shot", "3",
                                       "--max-samples", "40"])]
-        for f in AUTHORS:
-            jobs.append((out / m / f"lre_authors_{Path(f).name}",
-                         ["llm", "lre", "--model", m, "--relations", str(LRE_DATA / f"{f}.json"), "--max-samples",
-                          "60", "--max-test", "12", "--trials", "2"]))
+        lre = ["llm", "lre", "--model", m, "--max-samples", "100", "--max-test", "20"]
+        for part in PARTS:
+            jobs.append((out / m / f"lre_authors_{part}", lre + ["--relations", str(LRE_DATA / part), "--trials", "3"]))
+        for part in PARTS:
+            jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(LRE_DATA / part), "--relation-names",
+                                                                 *SWEEP[part], "--layers", SWEEP_LAYERS[m],
+                                                                 "--trials", "2"]))
         jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
                                                  "--splits", "2"]))
         for folder, argv in jobs:
@@ -66,30 +93,91 @@ def readout_table(out: Path) -> str:
     return "\n".join(rows)
 
 
+def _lre_rows(out: Path, m: str, kind: str = "authors") -> dict[str, dict]:
+    rows = {}
+    for part in PARTS:
+        r = _read(out / m / f"lre_{kind}_{part}" / "result.json")
+        rows.update({x["relation"]: {**x, "part": part} for x in (r or {}).get("per_relation", [])})
+    return rows
+
+
+def _lre_cell(x: dict | None) -> str:
+    if x is None:
+        return "not run"
+    known = f"{x['n_known']}/{x['n_samples']}"
+    if x["faithfulness"] is None:
+        return f"{known}: too few known"
+    c = "—" if x.get("causality_best_rank") is None else f"{x['causality_best_rank']:.2f} (r {x['best_rank']})"
+    return f"{known}: F {x['faithfulness_best_beta']:.2f} (β {x['best_beta']:g}), C {c}"
+
+
 def lre_table(out: Path) -> str:
-    rows = ["| relation | model | known | faithfulness (beta 1) | best beta: faithfulness | causality rank 64 | "
-            "best rank: causality | full rank: causality / projection baseline |", "|---|---|---|---|---|---|---|---|"]
-    for f in AUTHORS:
-        for m in MODELS:
-            r = _read(out / m / f"lre_authors_{Path(f).name}" / "result.json")
-            if not r or not r["per_relation"]:
-                continue
-            x = r["per_relation"][0]
-            if x["faithfulness"] is None:
-                rows.append(f"| {x['relation']} | {m} | {x['n_known']}/{x['n_samples']} | too few known facts | | | | |")
-                continue
-            if not x["causality_by_rank"]:
-                rows.append(f"| {x['relation']} | {m} | {x['n_known']}/{x['n_samples']} | {x['faithfulness']:.2f} | "
-                            f"{x['best_beta']}: {x['faithfulness_best_beta']:.2f} | no target with another object | "
-                            "| |")
-                continue
-            full = max(x["causality_by_rank"], key=int)
-            rows.append(
-                f"| {x['relation']} | {m} | {x['n_known']}/{x['n_samples']} | {x['faithfulness']:.2f} | "
-                f"{x['best_beta']}: {x['faithfulness_best_beta']:.2f} | {x['causality_by_rank'].get('64', float('nan')):.2f} | "
-                f"{x['best_rank']}: {x['causality_best_rank']:.2f} | {x['causality_by_rank'][full]:.2f} / "
-                f"{x['causality_projection_baseline_by_rank'][full]:.2f} |")
+    """Every relation of the authors' dataset: known facts, faithfulness at the best beta, causality at the best
+    rank, per model (middle layer), beside what the authors published for GPT-J (``PUBLISHED``)."""
+    res = {m: _lre_rows(out, m) for m in MODELS}
+    names = sorted({n for r in res.values() for n in r}, key=lambda n: (next(r[n]["part"] for r in res.values()
+                                                                              if n in r), n))
+    rows = ["| relation | " + " | ".join(f"{m} (layer {LRE_LAYER[m]})" for m in MODELS)
+            + " | authors: F GPT-J / LLaMA-13B |",
+            "|---|" + "---|" * (len(MODELS) + 1)]
+    for n in names:
+        rows.append(f"| {n} | " + " | ".join(_lre_cell(res[m].get(n)) for m in MODELS) + f" | {_published(n)} |")
+    for m in MODELS:  # means over the relations with a score, and how many
+        xs = [x for x in res[m].values() if x["faithfulness"] is not None]
+        if xs:
+            cs = [x["causality_best_rank"] for x in xs if x.get("causality_best_rank") is not None]
+            rows.append(f"\n{m}: {len(xs)} of {len(res[m])} relations scored; mean faithfulness (best beta) "
+                        f"{np.mean([x['faithfulness_best_beta'] for x in xs]):.2f}, mean causality (best rank) "
+                        f"{np.mean(cs):.2f}; at full rank the authors' edit {np.mean([_full(x, 'causality_by_rank') for x in xs if x['causality_by_rank']]):.2f}"
+                        f", the projection baseline {np.mean([_full(x, 'causality_projection_baseline_by_rank') for x in xs if x['causality_by_rank']]):.2f}")
     return "\n".join(rows)
+
+
+def _published(name: str) -> str:
+    if name not in PUBLISHED:
+        return ""
+    return " / ".join("failed" if v is None else f"{v:.2f}" for v in PUBLISHED[name])
+
+
+def _full(x: dict, key: str) -> float:
+    return x[key][max(x[key], key=int)]
+
+
+def lre_sweep_table(out: Path) -> str:
+    rows = ["| relation | model | F (best beta) by layer | C (best rank) by layer | best layer |", "|---|---|---|---|---|"]
+    for m in MODELS:
+        for n, x in _lre_rows(out, m, "layers").items():
+            if not x.get("by_layer"):
+                continue
+            f = ", ".join(f"{b['layer']}: {b['faithfulness_best_beta']:.2f}" for b in x["by_layer"])
+            c = ", ".join(f"{b['layer']}: {b['causality_best_rank']:.2f}" if b["causality_best_rank"] is not None
+                          else f"{b['layer']}: —" for b in x["by_layer"])
+            rows.append(f"| {n} | {m} | {f} | {c} | {x['best_layer']} |")
+    return "\n".join(rows)
+
+
+def lre_figure(out: Path, path: Path) -> None:
+    """Faithfulness and causality per relation, the three models side by side (middle layer)."""
+    from mechfact.plotting import save, subplots
+
+    res = {m: _lre_rows(out, m) for m in MODELS}
+    names = sorted({n for r in res.values() for n in r if r[n]["faithfulness"] is not None})
+    if not names:
+        return
+    fig, axes = subplots(1, 2, figsize=(11.0, 1.5 + 0.28 * len(names)), sharey=True, layout="constrained")
+    y = np.arange(len(names))
+    for ax, key, title in ((axes[0], "faithfulness_best_beta", "LRE faithfulness (best beta)"),
+                           (axes[1], "causality_best_rank", "LRE causality (the authors' edit, best rank)")):
+        for k, m in enumerate(MODELS):
+            v = [(res[m].get(n) or {}).get(key) for n in names]
+            ax.barh(y + (k - 1) * 0.27, [0 if a is None else a for a in v], 0.27, color=COLORS[m], label=m)
+        ax.set_xlim(0, 1)
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="x", lw=0.3)
+    axes[0].set_yticks(y, names, fontsize=7)
+    axes[0].invert_yaxis()
+    axes[0].legend(fontsize=7, loc="lower right")
+    save(fig, path)
 
 
 def superposition_table(out: Path) -> str:
@@ -145,14 +233,17 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="runs/fam")
     ap.add_argument("--run", action="store_true", help="run what is missing first")
     ap.add_argument("--figure", default="docs/img/families.png")
+    ap.add_argument("--lre-figure", default="docs/img/families_lre.png")
     a = ap.parse_args(argv)
     out = Path(a.out)
     if a.run:
         run(out)
     print(readout_table(out), "\n")
     print(lre_table(out), "\n")
+    print(lre_sweep_table(out), "\n")
     print(superposition_table(out))
     figure(out, Path(a.figure))
+    lre_figure(out, Path(a.lre_figure))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ def register(subparsers) -> dict:
     p = sub.add_parser("lre", help="linear relational embeddings: faithfulness and causality")
     _model_args(p)
     p.add_argument("--layer", type=int, default=None, help="subject layer l (default: n_layers // 2, 15 for SmolLM2-135M)")
+    p.add_argument("--layers", default=None,
+                   help="sweep subject layers instead, e.g. 3,9,15 or 4-20 (each relation is reported at its best "
+                        "layer, every layer kept in per_relation_layer and the figure)")
     p.add_argument("--beta", type=float, default=1.0, help="LRE scale beta (default 1)")
     p.add_argument("--rank", type=int, default=64, help="rank of the pseudo-inverse for causality edits (default 64)")
     p.add_argument("--n-train", type=int, default=5, help="facts whose Jacobians are averaged (default 5)")
@@ -158,7 +161,10 @@ def _run_llm(a) -> None:
                         progress=progress)
     else:
         ranks = None if a.ranks is None else _layers(a.ranks)
-        cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, beta=a.beta, rank=a.rank,
+        layers = None if a.layers is None else _layers(a.layers)
+        if a.layers is not None and layers is None:
+            raise UsageError(f"--layers {a.layers}: llm lre sweeps listed layers, e.g. 3,9,15 or 4-20")
+        cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, layers=layers, beta=a.beta, rank=a.rank,
                           n_train=a.n_train, facts=a.facts, max_test=a.max_test, protocol=a.protocol,
                           n_trials=a.trials, ranks=ranks, **prompt_options(a))
         L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)

@@ -77,6 +77,7 @@ class LreConfig(DictConfig):
     relations: str | None = None  # relation file or folder; None = the shipped dataset
     relation_names: list[str] | None = None
     layer: int | None = None  # subject layer l; None = n_layers // 2
+    layers: list[int] | None = None  # a sweep of subject layers (instead of `layer`); rows report the best
     beta: float = 1.0  # LRE(s) = beta * J s + b
     rank: int = 64  # rank of the pseudo-inverse used for causality edits
     n_train: int = 5  # facts whose Jacobians are averaged (the rest are test facts)
@@ -96,6 +97,11 @@ class LreConfig(DictConfig):
     def __post_init__(self) -> None:
         if self.layer is not None:
             check_int("layer", self.layer, 0)
+        if self.layers is not None:
+            check_int_list("layers", self.layers, 0)
+            if self.layer is not None:
+                raise ValueError(f"--layer {self.layer} and --layers {self.layers}: give one of them "
+                                 "(--layers sweeps, --layer is one layer)")
         check_float("beta", self.beta, lo=0, lo_open=True)
         check_int("rank", self.rank, 1)
         check_int("n_train", self.n_train, 1)
@@ -132,16 +138,44 @@ def jacobian(lm: LanguageModel, tokens: list[int], pos: int, layer: int, chunk: 
             p.requires_grad_(True)
 
 
+def _prefix_cache(lm: LanguageModel, toks: torch.Tensor, pos: int):
+    """Key/value cache of the prompt before position ``pos`` (batch 1), or None when ``pos`` is 0."""
+    if pos == 0:
+        return None
+    with torch.no_grad():
+        _, pkv = lm.bridge(toks[:, :pos], return_type="logits_and_cache")
+    return pkv
+
+
+def _copies(pkv, layer: int, B: int):
+    """A fresh copy of the prefix cache for a suffix run with ``B`` copies from the block after ``layer`` on.
+
+    Blocks up to ``layer`` run the suffix once (batch 1) and keep the batch-1 cache; the hook at ``layer``
+    expands the batch to ``B``.
+    """
+    kv = copy.deepcopy(pkv)
+    if kv is not None:
+        for li in range(layer + 1, len(kv.layers)):
+            kv.layers[li].keys = kv.layers[li].keys.expand(B, -1, -1, -1).contiguous()
+            kv.layers[li].values = kv.layers[li].values.expand(B, -1, -1, -1).contiguous()
+    return kv
+
+
+def _putter(states: torch.Tensor):
+    """Hook: the subject position (the suffix's first) takes ``states`` (B, d); the rest is the one run's."""
+    B = states.shape[0]
+
+    def put(act, hook):
+        return torch.cat([states[:, None].to(act.dtype), act[:, 1:].expand(B, -1, -1)], 1)
+    return put
+
+
 def _jacobian(lm: LanguageModel, tokens: list[int], pos: int, layer: int, chunk: int):
     b = lm.bridge
     name_s, name_o = hooks.resid(layer, "post"), hooks.resid(lm.n_layers - 1, "post")
     d = lm.d_model
-    dev = lm.device
-    toks = torch.tensor([tokens], device=dev)
-    pkv = None
-    if pos > 0:  # prefix before the subject's last token: once, batch 1
-        with torch.no_grad():
-            _, pkv = b(toks[:, :pos], return_type="logits_and_cache")
+    toks = torch.tensor([tokens], device=lm.device)
+    pkv = _prefix_cache(lm, toks, pos)
     suffix = toks[:, pos:]
     got: dict[str, torch.Tensor] = {}
 
@@ -163,19 +197,11 @@ def _jacobian(lm: LanguageModel, tokens: list[int], pos: int, layer: int, chunk:
     o0 = None
     for c0 in range(0, d, chunk):
         B = min(chunk, d - c0)
-        kv = copy.deepcopy(pkv)
-        if kv is not None:  # layers after `layer` see B copies; layers up to it run once
-            for li in range(layer + 1, len(kv.layers)):
-                kv.layers[li].keys = kv.layers[li].keys.expand(B, -1, -1, -1).contiguous()
-                kv.layers[li].values = kv.layers[li].values.expand(B, -1, -1, -1).contiguous()
+        kv = _copies(pkv, layer, B)
         s = s0.to(lm.dtype).expand(B, d).clone().requires_grad_(True)
-
-        def put(act, hook, s=s, B=B):
-            return torch.cat([s[:, None], act[:, 1:].expand(B, -1, -1)], 1)
-
         with torch.enable_grad():
             try:
-                b.run_with_hooks(suffix, past_key_values=kv, fwd_hooks=[(name_s, put), (name_o, take_o)])
+                b.run_with_hooks(suffix, past_key_values=kv, fwd_hooks=[(name_s, _putter(s)), (name_o, take_o)])
             except _Stop:
                 pass
             o = got.pop("o")
@@ -184,6 +210,32 @@ def _jacobian(lm: LanguageModel, tokens: list[int], pos: int, layer: int, chunk:
             o[torch.arange(B), torch.arange(c0, c0 + B)].sum().backward()
         J[c0:c0 + B] = s.grad.float().cpu()
     return J, s0.float().cpu(), o0
+
+
+def edited_logits(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
+                  chunk: int = 64) -> torch.Tensor:
+    """Next-token logits (m, vocab) of one prompt with its state at (``layer``, ``pos``) set to each row of
+    ``states`` (m, d).
+
+    The prefix before ``pos`` runs once; the suffix runs as ``m`` copies (in chunks) from the block after
+    ``layer`` on -- the same numbers as patching the full prompt ``m`` times (tested), a fraction of the work.
+    """
+    toks = torch.tensor([tokens], device=lm.device)
+    pkv = _prefix_cache(lm, toks, pos)
+    out = []
+    with torch.no_grad():
+        for c0 in range(0, len(states), chunk):
+            st = states[c0:c0 + chunk].to(lm.device, lm.dtype)
+            logits = lm.bridge.run_with_hooks(toks[:, pos:], past_key_values=_copies(pkv, layer, len(st)),
+                                              fwd_hooks=[(hooks.resid(layer, "post"), _putter(st))])
+            out.append(logits[:, -1].float().cpu())
+    return torch.cat(out)
+
+
+def edited_predictions(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
+                       chunk: int = 64) -> torch.Tensor:
+    """Greedy next token (m,) of :func:`edited_logits`."""
+    return edited_logits(lm, tokens, pos, layer, states, chunk).argmax(-1)
 
 
 @dataclass
@@ -287,14 +339,16 @@ def evaluate_relation(lm: LanguageModel, rel, cfg: LreConfig, layer: int, seed: 
     return row, lre
 
 
-def _states_at(lm: LanguageModel, prompts: list, layer: int, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(subject states at ``layer``, last-layer states at the last token, greedy next tokens) of ``prompts``."""
+def _states_at(lm: LanguageModel, prompts: list, layers: list[int], cfg
+               ) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """({layer: subject states}, last-layer states at the last token, greedy next tokens) of ``prompts``."""
     from ..probes.queries import Site, collect
 
     ps = ProbeSet.from_prompts(prompts, pad_id=lm.pad_id)
-    s_site, z_site = Site(hooks.resid(layer, "post"), "subject"), Site(hooks.resid(lm.n_layers - 1, "post"), "last")
-    acts = collect(lm, ps, [s_site, z_site], batch_size=cfg.batch_size, cache=cfg.cache_states)
-    return acts[s_site], acts[z_site], acts.next_token
+    s_sites = {l: Site(hooks.resid(l, "post"), "subject") for l in layers}
+    z_site = Site(hooks.resid(lm.n_layers - 1, "post"), "last")
+    acts = collect(lm, ps, [*s_sites.values(), z_site], batch_size=cfg.batch_size, cache=cfg.cache_states)
+    return {l: acts[st] for l, st in s_sites.items()}, acts[z_site], acts.next_token
 
 
 def _balanced_pick(rng, candidates: list[int], objects, k: int) -> list[int]:
@@ -311,31 +365,33 @@ def _balanced_pick(rng, candidates: list[int], objects, k: int) -> list[int]:
     return sorted(out)
 
 
-def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layer: int, seed: int,
-                              progress: bool = False) -> tuple[dict, "LRE | None"]:
-    """The LRE authors' protocol (module docstring). Returns (row, the last trial's LRE)."""
+def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layers: list[int], seed: int,
+                              progress: bool = False) -> tuple[list[dict], "LRE | None"]:
+    """The LRE authors' protocol (module docstring) at each of ``layers``: one row per layer, and the LRE of the
+    last trial at the last layer. The known facts, the trials' training facts and the edit targets are the same
+    at every layer."""
     from .prompts import build_prompts, prefix_match
 
     tok = lm.tokenizer
     n = len(rel)
     rng = np.random.default_rng(derive_seed(seed, f"llm.lre.authors.{rel.name}"))
     objects_of = {s: rel.objects_of(s) for s in set(rel.subjects)}
-    row = {"relation": rel.name, "kind": rel.kind, "n_samples": n, "n_known": 0, "n_train": 0, "n_test": 0,
-           "faithfulness": None, "causality": None}
+    head = {"relation": rel.name, "kind": rel.kind, "n_samples": n, "n_known": 0, "n_train": 0, "n_test": 0,
+            "faithfulness": None, "causality": None}
     # known: right (case-insensitive prefix of an object) under each of n_trials sets of n_train examples
     known = np.ones(n, dtype=bool)
     for t in range(cfg.n_trials if cfg.facts == "known" else 0):
         ex = sorted(rng.choice(n, size=min(cfg.n_train, n - 1), replace=False).tolist())
         prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=ex)
-        _, _, nxt = _states_at(lm, prompts, layer, cfg)
+        _, _, nxt = _states_at(lm, prompts, [], cfg)
         known &= np.array([prefix_match(tok, nxt[i], objects_of[rel.subjects[i]]) for i in range(n)])
     pool = np.flatnonzero(known).tolist()
-    row["n_known"] = len(pool)
+    head["n_known"] = len(pool)
     if len(pool) < cfg.n_train + 2:
         logger.warning("%s: %d known facts, need %d; skipped", rel.name, len(pool), cfg.n_train + 2)
-        return row, None
+        return [{**head, "layer": l} for l in layers], None
     ranks = sorted({min(r, lm.d_model) for r in (cfg.ranks or (16, 32, 64, 128, 256, lm.d_model))})
-    trials, op = [], None
+    trials, op = {l: [] for l in layers}, None
     for t in range(cfg.n_trials):
         train = _balanced_pick(rng, pool, rel.objects, cfg.n_train)
         train_subjects = {rel.subjects[i] for i in train}
@@ -345,45 +401,56 @@ def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layer: int
         if not test:
             continue
         prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=train)  # the examples: train
-        S, Z, own = _states_at(lm, prompts, layer, cfg)
+        S_at, Z, own = _states_at(lm, prompts, layers, cfg)
 
         def right(token, i: int) -> bool:  # facts="all": judged against the model's own prediction
             if cfg.facts == "all":
                 return int(token) == int(own[i])
             return prefix_match(tok, token, objects_of[rel.subjects[i]])
 
-        op = estimate_lre(lm, prompts, train, layer, 1.0, cfg.chunk, progress)
-        by_beta = {}
-        for bt in AUTHORS_BETAS:
-            top = decode_top(lm, LRE(op.J, op.b, bt)(S[test]))
-            by_beta[bt] = float(np.mean([right(top[k], i) for k, i in enumerate(test)]))
-        # causality: edit fact i towards a target j that differs in subject AND object
-        pairs = []
-        for i in test:  # targets: any known fact with another subject and no shared object
+        pairs = []  # causality targets: any known fact with another subject and no shared object
+        for i in test:
             others = [j for j in pool if rel.subjects[j] != rel.subjects[i]
                       and not set(objects_of[rel.subjects[j]]) & set(objects_of[rel.subjects[i]])]
             if others:
                 pairs.append((i, int(rng.choice(others))))
-        by_rank, base_by_rank = {}, {}
-        if pairs:
-            src, dst = [i for i, _ in pairs], [j for _, j in pairs]
-            proj, plain = LRE(op.J, op.b, cfg.beta), LRE(op.J, op.b, 1.0)
-            for r in ranks:
-                for name, delta in (("authors", (Z[dst] - Z[src]) @ plain.pinv(r).T),  # rank-r pseudo-inverse of J
-                                    ("projection", (proj(S[dst]) - proj(S[src])) @ proj.pinv(r).T)):
-                    pred = patched_predictions(lm, prompts, src, layer, S[src] + delta)
-                    hit = float(np.mean([right(pred[k], j) for k, j in enumerate(dst)]))
-                    (by_rank if name == "authors" else base_by_rank)[r] = hit
-        trials.append({"train": train, "n_test": len(test), "n_causality": len(pairs), "by_beta": by_beta,
-                       "by_rank": by_rank, "baseline_by_rank": base_by_rank})
+        for layer in layers:
+            S = S_at[layer]
+            op = estimate_lre(lm, prompts, train, layer, 1.0, cfg.chunk, progress)
+            by_beta = {}
+            for bt in AUTHORS_BETAS:
+                top = decode_top(lm, LRE(op.J, op.b, bt)(S[test]))
+                by_beta[bt] = float(np.mean([right(top[k], i) for k, i in enumerate(test)]))
+            by_rank, base_by_rank = {}, {}
+            if pairs:  # every edit of one source prompt (each rank, both edits) runs as one batch
+                proj = LRE(op.J, op.b, cfg.beta)
+                pinvs = [(r, op.pinv(r), proj.pinv(r)) for r in ranks]  # rank-r pseudo-inverses of J and beta J
+                hits = np.zeros((len(pairs), len(ranks), 2))
+                for k, (i, j) in enumerate(pairs):
+                    new = [S[i] + d for _, P, Pb in pinvs
+                           for d in ((Z[j] - Z[i]) @ P.T, (proj(S[j:j + 1]) - proj(S[i:i + 1]))[0] @ Pb.T)]
+                    pred = edited_predictions(lm, prompts[i].tokens, prompts[i].subject_last, layer,
+                                              torch.stack(new))
+                    hits[k] = np.array([right(p, j) for p in pred]).reshape(len(ranks), 2)
+                by_rank = {r: float(hits[:, q, 0].mean()) for q, r in enumerate(ranks)}
+                base_by_rank = {r: float(hits[:, q, 1].mean()) for q, r in enumerate(ranks)}
+            trials[layer].append({"train": train, "n_test": len(test), "n_causality": len(pairs), "by_beta": by_beta,
+                                  "by_rank": by_rank, "baseline_by_rank": base_by_rank})
+    return [_authors_row(head, trials[l], l, ranks, cfg, lm.d_model, rel) for l in layers], op
+
+
+def _authors_row(head: dict, trials: list[dict], layer: int, ranks: list[int], cfg: LreConfig, d_model: int,
+                 rel) -> dict:
+    """One layer's row: the trials averaged, best beta and best rank."""
+    row = {**head, "layer": layer}
     if not trials:
-        return row, None
+        return row
     mean = lambda key, k: float(np.mean([t[key][k] for t in trials if k in t[key]]))  # noqa: E731
     faith = {str(b): mean("by_beta", b) for b in AUTHORS_BETAS}
     best_beta = max(AUTHORS_BETAS, key=lambda b: (faith[str(b)], -abs(b - 1)))
     caus = {str(r): mean("by_rank", r) for r in ranks if any(r in t["by_rank"] for t in trials)}
     base = {str(r): mean("baseline_by_rank", r) for r in ranks if any(r in t["baseline_by_rank"] for t in trials)}
-    rank = str(min(cfg.rank, lm.d_model))
+    rank = str(min(cfg.rank, d_model))
     best_rank = max(caus, key=lambda r: (caus[r], -int(r))) if caus else None
     beta_key = str(min(AUTHORS_BETAS, key=lambda b: abs(b - cfg.beta)))
     row.update(
@@ -396,7 +463,7 @@ def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layer: int
         causality_best_rank=None if best_rank is None else caus[best_rank],
         causality_projection_baseline=base.get(rank), causality_projection_baseline_by_rank=base,
         train_subjects=[rel.subjects[i] for i in trials[-1]["train"]])
-    return row, op
+    return row
 
 
 _COMMON = ("relation", "kind", "n_samples", "n_known", "n_train", "n_test", "faithfulness", "causality")
@@ -438,36 +505,69 @@ class LreResult:
         return {**{k: getattr(self, k) for k in _COMMON}, **self.details}
 
 
-def _layer(lm: LanguageModel, layer: int | None) -> int:
-    layer = default_layer(lm.n_layers) if layer is None else lm.check_layer(layer, "--layer")
+def _layer(lm: LanguageModel, layer: int | None, flag: str = "--layer") -> int:
+    layer = default_layer(lm.n_layers) if layer is None else lm.check_layer(layer, flag)
     if layer >= lm.n_layers - 1:
-        raise ValueError(f"--layer {layer}: must be below the last layer ({lm.n_layers - 1}); the LRE maps it there")
+        raise ValueError(f"{flag} {layer}: must be below the last layer ({lm.n_layers - 1}); the LRE maps it there")
     return layer
 
 
-def lre(lm: LanguageModel, relation, layer: int | None = None, *, seed: int = 0, progress: bool = False,
-        **options) -> LreResult:
+def _layers_of(lm: LanguageModel, cfg: LreConfig) -> list[int]:
+    """The subject layers of a config: ``layers`` (a sweep) or ``[layer]``."""
+    if cfg.layers is None:
+        return [_layer(lm, cfg.layer)]
+    return sorted({_layer(lm, l, "--layers") for l in cfg.layers})
+
+
+def lre(lm: LanguageModel, relation, layer: int | list[int] | None = None, *, seed: int = 0, progress: bool = False,
+        **options) -> "LreResult | list[LreResult]":
     """The linear relational embedding of one relation from subject layer ``layer`` (default ``n_layers // 2``).
 
-    ``relation``: a :class:`~mechfact.llm.relations.Relation` (or a one-relation file). ``options``: any
-    :class:`LreConfig` field (``beta``, ``rank``, ``n_train``, ``facts``, ``k_shot``, ``template``,
-    ``max_samples``, ``max_test``, ``chunk``, ``batch_size``, ``cache_states``), defaults as ``mechfact llm lre``.
+    ``relation``: a :class:`~mechfact.llm.relations.Relation` (or a one-relation file). ``layer``: one layer, or
+    a list of layers (a sweep: one result per layer, with the same known facts, training facts and edit targets
+    at every layer). ``options``: any :class:`LreConfig` field (``beta``, ``rank``, ``ranks``, ``n_train``,
+    ``n_trials``, ``facts``, ``protocol``, ``k_shot``, ``template``, ``max_samples``, ``max_test``, ``chunk``,
+    ``batch_size``, ``cache_states``), defaults as ``mechfact llm lre``.
     """
-    cfg = LreConfig(layer=layer, **options)
+    sweep = isinstance(layer, (list, tuple))
+    cfg = LreConfig(**({"layers": list(layer)} if sweep else {"layer": layer}), **options)
     rels = as_relations(relation)
     if len(rels) != 1:
         raise ValueError(f"lre takes one relation; got {len(rels)} (call it once per relation)")
     rel = rels[0].subset(cfg.max_samples)
     _check_template(rel, cfg.template)
-    layer = _layer(lm, cfg.layer)
-    row, op = _evaluate(lm, rel, cfg, layer, seed, progress)
-    return LreResult.from_row(row, layer, op)
+    rows, op = _evaluate(lm, rel, cfg, _layers_of(lm, cfg), seed, progress)
+    out = [LreResult.from_row(r, r["layer"], op if k == len(rows) - 1 else None) for k, r in enumerate(rows)]
+    return out if sweep else out[0]
 
 
-def _evaluate(lm, rel, cfg: LreConfig, layer: int, seed: int, progress: bool):
+def _evaluate(lm, rel, cfg: LreConfig, layers: list[int], seed: int, progress: bool) -> tuple[list[dict], "LRE | None"]:
+    """One row per layer (each with its ``layer``) and the last fitted operator."""
     if cfg.protocol == "authors":
-        return evaluate_relation_authors(lm, rel, cfg, layer, seed, progress)
-    return evaluate_relation(lm, rel, cfg, layer, seed, progress)
+        return evaluate_relation_authors(lm, rel, cfg, layers, seed, progress)
+    rows, op = [], None
+    for layer in layers:
+        row, op = evaluate_relation(lm, rel, cfg, layer, seed, progress)
+        rows.append({**row, "layer": layer})
+    return rows, op
+
+
+_SUMMARY = ("layer", "faithfulness", "faithfulness_best_beta", "best_beta", "causality", "causality_best_rank",
+            "best_rank", "causality_projection_baseline")
+
+
+def best_layer_row(rows: list[dict]) -> dict:
+    """A relation's row at its best layer (highest faithfulness at the best beta, then causality, then the
+    earlier layer), with ``best_layer`` and ``by_layer`` (a few numbers of every layer)."""
+    if len(rows) == 1:
+        return rows[0]
+    scored = [r for r in rows if r["faithfulness"] is not None]
+    if not scored:
+        return {**rows[0], "layer": None, "best_layer": None, "by_layer": []}
+    key = lambda r: (r.get("faithfulness_best_beta", r["faithfulness"]),  # noqa: E731
+                     r.get("causality_best_rank", r["causality"]) or 0, -r["layer"])
+    best = max(scored, key=key)
+    return {**best, "best_layer": best["layer"], "by_layer": [{k: r.get(k) for k in _SUMMARY} for r in scored]}
 
 
 def _check_template(rel: Relation, template: int) -> None:
@@ -477,28 +577,36 @@ def _check_template(rel: Relation, template: int) -> None:
 
 def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,
                 lm: LanguageModel | None = None, progress: bool = False) -> dict:
-    """:func:`lre` for every relation, as a run directory (rows written as relations finish; resumes)."""
+    """:func:`lre` for every relation, as a run directory (rows written as relations finish; resumes).
+
+    With ``layers`` (a sweep), ``per_relation`` holds each relation at its best layer (``best_layer``,
+    ``by_layer``) and ``per_relation_layer`` every (relation, layer) row.
+    """
     from . import plots
 
     rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
-    layer = _layer(lm, cfg.layer)
+    layers = _layers_of(lm, cfg)
     for r in rels:
         _check_template(r, cfg.template)
     run = RunDir(out, cfg, kind="llm.lre", seed=seed, device=str(lm.device), model_id=lm.model_id)
-    result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "layer": layer, "config": cfg.to_dict(),
-                              "per_relation": []})
+    result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "layer": layers[0] if len(layers) == 1
+                              else None, "layers": layers, "config": cfg.to_dict(), "per_relation": [],
+                              "per_relation_layer": []})
     done = {r["relation"] for r in result["per_relation"]}
-    for rel in rels:
+    for rel in tqdm(rels, desc="relations", **({} if progress else {"disable": True})):
         if rel.name in done:
             continue
-        row, _ = _evaluate(lm, rel, cfg, layer, seed, progress)
-        logger.info("%s: known %d, test %d, faithfulness %s, causality %s", rel.name, row["n_known"], row["n_test"],
-                    row["faithfulness"], row["causality"])
+        rows, _ = _evaluate(lm, rel, cfg, layers, seed, progress)
+        row = best_layer_row(rows)
+        logger.info("%s: known %d, test %d, layer %s, faithfulness %s, causality %s", rel.name, row["n_known"],
+                    row["n_test"], row["layer"], row["faithfulness"], row["causality"])
         result["per_relation"].append(row)
+        result["per_relation_layer"] += rows
         run.write_result(result)
     vals = [r for r in result["per_relation"] if r["faithfulness"] is not None]
     result["mean_faithfulness"] = float(np.mean([r["faithfulness"] for r in vals])) if vals else None
     cv = [r["causality"] for r in vals if r["causality"] is not None]
     result["mean_causality"] = float(np.mean(cv)) if cv else None
-    return run.finish(result, plots.plot_lre, "fig_lre.png", model=lm.name, model_id=lm.model_id)
+    plot = plots.plot_lre_layers if len(layers) > 1 else plots.plot_lre
+    return run.finish(result, plot, "fig_lre.png", model=lm.name, model_id=lm.model_id)

@@ -112,3 +112,34 @@ def plot_superposition_layers(result: dict, path) -> None:
     b.set_title("each relation alone", fontsize=9)
     b.legend(fontsize=7)
     save(fig, path)
+
+
+def plot_lre_layers(result: dict, path) -> None:
+    """A layer sweep of the LRE: faithfulness (best beta) and causality (best rank), relation x layer heatmaps."""
+    rows = [r for r in result.get("per_relation_layer", []) if r["faithfulness"] is not None]
+    names = sorted({r["relation"] for r in rows})
+    layers = sorted({r["layer"] for r in rows})
+    if not names:
+        return plot_lre(result, path)
+    cell = {(r["relation"], r["layer"]): r for r in rows}
+    fig, axes = subplots(1, 2, figsize=(4.0 + 1.1 * len(layers), 1.2 + 0.32 * len(names)), layout="constrained")
+    for ax, key, title in ((axes[0], "faithfulness_best_beta", "faithfulness (best beta)"),
+                           (axes[1], "causality_best_rank", "causality (best rank)")):
+        m = np.full((len(names), len(layers)), np.nan)
+        for i, n in enumerate(names):
+            for j, l in enumerate(layers):
+                v = cell.get((n, l), {}).get(key)
+                if v is not None:
+                    m[i, j] = v
+        im = ax.imshow(m, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for i in range(len(names)):
+            for j in range(len(layers)):
+                if not np.isnan(m[i, j]):
+                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if m[i, j] < 0.6 else "black")
+        ax.set_xticks(range(len(layers)), layers, fontsize=8)
+        ax.set_yticks(range(len(names)), names if ax is axes[0] else [""] * len(names), fontsize=7)
+        ax.set_xlabel("subject layer")
+        ax.set_title(f"{result.get('model', '')}: {title}", fontsize=9)
+    fig.colorbar(im, ax=axes, shrink=0.6)
+    save(fig, path)
