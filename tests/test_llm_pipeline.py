@@ -313,3 +313,28 @@ def test_batched_edits_match_patching_the_whole_prompt(tiny, family, one_thread)
                           for v in new])
         assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
         assert (got[1:] - got[0]).abs().max() > 1e-2  # the edits move the logits: the comparison has teeth
+
+
+def test_lre_layer_sweep_equals_single_layer_runs(tiny, tmp_path, one_thread):
+    """A sweep shares known facts, training facts and edit targets across layers: each layer's row is the row
+    of a single-layer run at that layer; the relation is reported at its best layer."""
+    from mechfact.llm.lre import LreConfig, run_llm_lre
+
+    lm = tiny["models"]["qwen2"]
+    opts = dict(relations=str(tiny["relations"]), relation_names=["tiny_colour"], n_train=2, facts="all", k_shot=2,
+                chunk=16, n_trials=2, ranks=[4, 8])
+    sweep = run_llm_lre(LreConfig(layers=[1, 0], **opts), tmp_path / "sweep", lm=lm)
+    assert sweep["layers"] == [0, 1] and sweep["layer"] is None
+    rows = {r["layer"]: r for r in sweep["per_relation_layer"]}
+    assert set(rows) == {0, 1}
+    for layer in (0, 1):
+        one = run_llm_lre(LreConfig(layer=layer, **opts), tmp_path / f"l{layer}", lm=lm)["per_relation"][0]
+        assert one == rows[layer]
+    best = sweep["per_relation"][0]
+    assert best["best_layer"] in (0, 1) and [b["layer"] for b in best["by_layer"]] == [0, 1]
+    assert best["faithfulness_best_beta"] == max(r["faithfulness_best_beta"] for r in rows.values())
+    assert (tmp_path / "sweep" / "fig_lre.png").exists()
+    with pytest.raises(ValueError, match="--layer 1 and --layers"):
+        LreConfig(layer=1, layers=[0, 1])
+    with pytest.raises(ValueError, match="--layers 5: out of range"):
+        run_llm_lre(LreConfig(layers=[0, 5], **opts), tmp_path / "bad", lm=lm)
