@@ -20,6 +20,19 @@ class UsageError(Exception):
     """Bad command-line input (exit code 2)."""
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (NaN and inf are refused with the flag's name by argparse)."""
+    import math
+
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(text)
+    return v
+
+
+finite_float.__name__ = "finite number"  # argparse: "argument --lr: invalid finite number value: 'inf'"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump
         raise UsageError(f"{self.prog}: error: {message}")
@@ -32,11 +45,13 @@ def common_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
     p.add_argument("--out", required=out_required, help="run directory (created; reused to resume)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--max-memory", type=finite_float, default=None, metavar="GB",
+                   help="refuse work whose estimated memory exceeds this (default: this machine's memory)")
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=5000, help="Adam step budget per run (default 5000)")
-    p.add_argument("--lr", type=float, default=1.0, help="Adam learning rate (default 1.0)")
+    p.add_argument("--lr", type=finite_float, default=1.0, help="Adam learning rate (default 1.0)")
     p.add_argument("--loss", default="ce", choices=("ce", "ce-margin", "hinge2"), help="training loss (default ce)")
     p.add_argument("--patience", type=int, default=1500,
                    help="give up a run after this many steps without fewer errors; 0 = never (default 1500)")
@@ -48,7 +63,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 def _solver_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="trained", choices=("hebb", "trained", "separable"))
     p.add_argument("--problem", default="original", choices=("original", "decoupled"))
-    p.add_argument("--kappa", type=float, default=1.0, help="rank fraction m/d in (0, 1] (default 1)")
+    p.add_argument("--kappa", type=finite_float, default=1.0, help="rank fraction m/d in (0, 1] (default 1)")
     _train_args(p)
 
 
@@ -61,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = msub.add_parser("sweep", help="accuracy vs load alpha = p ln p / d^2")
     p.add_argument("--d", type=int, nargs="+", default=[32, 64])
-    p.add_argument("--alpha-min", type=float, default=0.05)
-    p.add_argument("--alpha-max", type=float, default=1.2)
+    p.add_argument("--alpha-min", type=finite_float, default=0.05)
+    p.add_argument("--alpha-max", type=finite_float, default=1.2)
     p.add_argument("--points", type=int, default=12)
     p.add_argument("--seeds", type=int, default=3)
     _solver_args(p)
@@ -71,32 +86,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = msub.add_parser("capacity", help="perfect-recall capacity p_c per (d, seed) by bisection")
     p.add_argument("--d", type=int, nargs="+", default=[24, 32, 48, 64])
     p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--alpha-lo", type=float, default=0.02, help="initial lower bracket on alpha (default 0.02)")
-    p.add_argument("--alpha-hi", type=float, default=1.5, help="initial upper bracket on alpha (default 1.5)")
-    p.add_argument("--rel-tol", type=float, default=0.01, help="bisection resolution on p_c, relative (default 0.01)")
+    p.add_argument("--alpha-lo", type=finite_float, default=0.02, help="initial lower bracket on alpha (default 0.02)")
+    p.add_argument("--alpha-hi", type=finite_float, default=1.5, help="initial upper bracket on alpha (default 1.5)")
+    p.add_argument("--rel-tol", type=finite_float, default=0.01, help="bisection resolution on p_c, relative (default 0.01)")
     _solver_args(p)
     common_args(p)
 
     p = msub.add_parser("scores", help="target vs competitor score distributions, Hebb vs trained")
     p.add_argument("--d", type=int, default=64)
-    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--alpha", type=finite_float, default=0.5)
     p.add_argument("--problem", default="original", choices=("original", "decoupled"))
-    p.add_argument("--kappa", type=float, default=1.0)
+    p.add_argument("--kappa", type=finite_float, default=1.0)
     _train_args(p)
     common_args(p)
 
     p = msub.add_parser("spectrum", help="singular values of trained (OP, DP), Hebb and initial W")
     p.add_argument("--d", type=int, default=64)
-    p.add_argument("--alpha", type=float, default=0.8)
+    p.add_argument("--alpha", type=finite_float, default=0.8)
     p.add_argument("--seeds", type=int, default=3, help="instances pooled (default 3)")
-    p.add_argument("--kappa", type=float, default=1.0)
+    p.add_argument("--kappa", type=finite_float, default=1.0)
     _train_args(p)
     p.set_defaults(steps=3000)
     common_args(p)
 
     p = msub.add_parser("rank", help="capacity of rank-constrained W = Q R^T against kappa")
     p.add_argument("--d", type=int, nargs="+", default=[24, 32])
-    p.add_argument("--kappas", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0])
+    p.add_argument("--kappas", type=finite_float, nargs="+", default=[0.25, 0.5, 0.75, 1.0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--problem", default="original", choices=("original", "decoupled"))
     _train_args(p)
@@ -171,7 +186,16 @@ def _silence_progress() -> None:
     tqdm.std.tqdm.__init__ = functools.partialmethod(tqdm.std.tqdm.__init__, disable=True)
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line. Exit 0: done; 2: bad input or a file that is not what it should be (one line);
+    1: the system refused (disk full, permission, out of memory) or an internal error (one line; the traceback
+    with ``MECHFACT_DEBUG=1``); 130: interrupted. Finished work is kept and a rerun with the same --out resumes."""
+    import os
+
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:
@@ -180,16 +204,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    debug = os.environ.get("MECHFACT_DEBUG", "") not in ("", "0")
     try:
         import torch
 
         from .device import flush_denormals, resolve_device
+        from .limits import set_max_memory
         from .runs import check_writable
 
         if args.threads is not None:
             if args.threads < 1:
                 raise UsageError(f"--threads {args.threads}: must be at least 1")
             torch.set_num_threads(args.threads)
+        set_max_memory(args.max_memory)
         flush_denormals()  # confident softmaxes and L2-decayed weights are denormal: ~10x slower on CPU
         if args.quiet:
             _silence_progress()
@@ -198,12 +225,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_writable(args.out)
         COMMANDS[args.command](args)
     except (UsageError, ValueError) as exc:
-        print(f"mechfact: error: {exc}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"mechfact: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("mechfact: interrupted; rerun with the same --out to resume", file=sys.stderr)
         return 130
+    except (OSError, MemoryError) as exc:
+        if debug:
+            raise
+        what = "out of memory" if isinstance(exc, MemoryError) else _os_error(exc)
+        print(f"mechfact: error: {what}; finished work is kept: rerun the same command to resume", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - one line for the user; MECHFACT_DEBUG=1 shows the traceback
+        if debug:
+            raise
+        if "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower():
+            print(f"mechfact: error: out of memory ({_one_line(exc)[:200]}); use smaller sizes; finished work is "
+                  "kept", file=sys.stderr)
+            return 1
+        print(f"mechfact: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (please report it; "
+              "MECHFACT_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _os_error(exc: OSError) -> str:
+    import errno
+
+    where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on the device{where}"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"permission denied{where}"
+    return f"{exc.strerror or _one_line(exc)}{where}"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,8 +16,11 @@ T = TypeVar("T", bound="DictConfig")
 
 
 def flag(field: str) -> str:
-    """The command-line spelling of a config field: ``mlp_width`` -> ``--mlp-width``."""
-    return "--" + field.replace("_", "-")
+    """The command-line spelling of a config field: ``mlp_width`` -> ``--mlp-width`` (``n_trials`` -> ``--trials``)."""
+    return "--" + _FLAGS.get(field, field).replace("_", "-")
+
+
+_FLAGS = {"n_trials": "trials"}  # fields whose flag is spelled otherwise
 
 
 def bad(field: str, value: Any, what: str) -> ValueError:

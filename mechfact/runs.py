@@ -3,11 +3,20 @@
 Every file is written atomically (temp file + ``os.replace``) so an
 interrupted run never leaves a half-written JSON behind. ``result.json`` holds
 only deterministic numbers; timings and versions go to ``meta.json``.
+
+A run directory belongs to one process at a time: ``RunDir`` takes an
+exclusive lock on ``<out>/.lock`` (released when the process ends, however it
+ends) and checks the existing ``config.json`` under it. ``config.json`` is
+written with the first file of the run, so input refused before any work
+leaves nothing behind. ``result.json`` carries the SHA-256 of the config it
+belongs to (``config_sha256``); a resume checks it and the file's shape.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -80,14 +89,62 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
         os.fsync(f.fileno())
 
 
+class CorruptFile(ValueError):
+    """A file mechfact reads is not what it should be (the message names it and what to do)."""
+
+
 def read_json(path: str | os.PathLike) -> Any:
-    with open(path) as f:
-        return json.load(f)
+    """Parsed JSON of ``path``; unreadable or malformed JSON raises :class:`CorruptFile` naming the file."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptFile(f"{path}: not valid JSON ({exc}); delete the file to recompute it") from None
+
+
+def config_sha256(config: Any) -> str:
+    """SHA-256 of a config's canonical JSON (sorted keys)."""
+    return hashlib.sha256(json.dumps(_jsonable(config), sort_keys=True).encode()).hexdigest()
+
+
+def check_shape(value: Any, template: Any, where: str) -> None:
+    """``value`` has the JSON shape of ``template``: the same container types, and every key of a template dict;
+    a template list with one element is the template of every item. Raises :class:`CorruptFile` naming ``where``
+    and the first mismatch."""
+    def kind(v: Any) -> str:
+        return "object" if isinstance(v, dict) else "list" if isinstance(v, list) else type(v).__name__
+
+    def walk(v: Any, t: Any, at: str) -> None:
+        if isinstance(t, dict):
+            if not isinstance(v, dict):
+                raise CorruptFile(f"{where}: {at.rstrip('.') or 'the top level'} is a JSON {kind(v)}, expected an "
+                                  "object; delete the file to recompute it")
+            for k, sub in t.items():
+                if k not in v:
+                    raise CorruptFile(f"{where}: key {at + k!r} is missing; delete the file to recompute it")
+                walk(v[k], sub, f"{at}{k}.")
+        elif isinstance(t, list):
+            if not isinstance(v, list):
+                raise CorruptFile(f"{where}: {at.rstrip('.') or 'the top level'} is a JSON {kind(v)}, expected a "
+                                  "list; delete the file to recompute it")
+            if t:
+                for i, item in enumerate(v):
+                    walk(item, t[0], f"{at.rstrip('.')}[{i}].")
+
+    walk(value, template, "")
 
 
 def cache_dir() -> Path:
-    """Root of mechfact's caches (converted models, hidden states): ``$MECHFACT_CACHE`` or ``~/.cache/mechfact``."""
-    return Path(os.environ.get("MECHFACT_CACHE") or Path.home() / ".cache" / "mechfact")
+    """Root of mechfact's caches (converted models, hidden states): ``$MECHFACT_CACHE`` or ``~/.cache/mechfact``.
+
+    A root that exists but is not a folder raises ValueError naming it (and how to point it elsewhere).
+    """
+    env = os.environ.get("MECHFACT_CACHE")
+    path = Path(env or Path.home() / ".cache" / "mechfact")
+    if path.exists() and not path.is_dir():
+        src = "$MECHFACT_CACHE" if env else "the cache folder"
+        raise ValueError(f"{src} {path}: not a folder; point $MECHFACT_CACHE at a writable folder")
+    return path
 
 
 def git_sha() -> str | None:
@@ -115,6 +172,8 @@ def versions() -> dict[str, str]:
 
 def check_writable(out: str | os.PathLike) -> Path:
     """Create ``out`` if needed and make sure it is a writable directory."""
+    if not str(out).strip():
+        raise ValueError(f"--out {str(out)!r}: give a folder name")
     path = Path(out)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -124,6 +183,43 @@ def check_writable(out: str | os.PathLike) -> Path:
     except OSError as exc:
         raise ValueError(f"--out {out}: not a writable directory ({exc.strerror or exc})") from None
     return path
+
+
+_HELD: dict[str, int] = {}  # run directories this process holds: resolved path -> lock file descriptor
+
+
+def _lock(path: Path) -> None:
+    """Hold ``path/.lock`` exclusively for this process (re-entrant within it). A run directory held by another
+    process raises ValueError naming the holder."""
+    import fcntl
+
+    key = str(path.resolve())
+    if key in _HELD:
+        return
+    fd = os.open(path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = ""
+        try:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        except OSError:
+            pass
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise ValueError(f"--out {path}: in use by another mechfact process ({holder or 'holder unknown'}); wait "
+                             "for it to finish or use another --out") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+    _HELD[key] = fd
+
+
+def release(path: str | os.PathLike) -> None:
+    """Give up this process's hold on a run directory (done by :meth:`RunDir.finish`; process exit does it too)."""
+    fd = _HELD.pop(str(Path(path).resolve()), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops the flock
 
 
 def _same_config(old: Any, new: Any) -> bool:
@@ -150,10 +246,16 @@ class RunDir:
         self.seed = seed
         self.device = device
         self.t0 = time.time()
-        cfg_file = self.path / "config.json"
         self.config = _jsonable({"kind": kind, "config": config, "seed": seed, **identity})
-        if cfg_file.exists():
+        _lock(self.path)
+        cfg_file = self.path / "config.json"
+        self._committed = cfg_file.exists()
+        if self._committed:
             old = read_json(cfg_file)
+            if not isinstance(old, dict) or not {"kind", "config", "seed"} <= set(old):
+                what = f"a JSON {type(old).__name__}" if not isinstance(old, dict) else "no kind, config or seed"
+                raise CorruptFile(f"{cfg_file}: not a mechfact run config ({what}); delete --out {self.path} or use "
+                                  "another")
             if not _same_config(old, self.config):
                 keys = sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k))
                 if keys == ["config"] and isinstance(old.get("config"), dict):
@@ -162,19 +264,41 @@ class RunDir:
                             if old["config"].get(k) != new.get(k)]
                 raise ValueError(f"--out {self.path}: holds a run with a different config; use another --out or "
                                  f"delete it (differs in: {', '.join(keys)})")
-        else:
-            write_json_atomic(cfg_file, self.config)
+            self.config = old  # options added to mechfact since keep the run's own config and hash
+        self.sha256 = config_sha256(self.config)
+
+    def _commit(self) -> None:
+        """Write config.json before the run's first file (once)."""
+        if not self._committed:
+            write_json_atomic(self.path / "config.json", self.config)
+            self._committed = True
 
     def file(self, name: str) -> Path:
+        """The path of a file of the run, to be written (config.json is written first)."""
+        self._commit()
         return self.path / name
 
-    def read_result(self, empty: Any) -> Any:
-        """The partial ``result.json`` of an interrupted run, or ``empty`` for a fresh one."""
+    def read_result(self, empty: Any, shape: Any = None) -> Any:
+        """The partial ``result.json`` of an interrupted run, or ``empty`` for a fresh one.
+
+        The file must have the shape of ``shape`` (default ``empty``; see :func:`check_shape`: e.g.
+        ``{"points": [{"d": 0, "p": 0}]}`` requires those keys in every point) and the config hash of this run;
+        otherwise :class:`CorruptFile`.
+        """
         f = self.path / "result.json"
-        return read_json(f) if f.exists() else empty
+        if not f.exists():
+            return empty
+        result = read_json(f)
+        check_shape(result, empty if shape is None else shape, str(f))
+        if isinstance(result, dict) and result.get("config_sha256", self.sha256) != self.sha256:
+            raise CorruptFile(f"{f}: written for another config than {self.path / 'config.json'}; delete "
+                              f"--out {self.path} to start over")
+        return result
 
     def write_result(self, result: Any) -> None:
-        write_json_atomic(self.path / "result.json", result)
+        if isinstance(result, dict):
+            result["config_sha256"] = self.sha256
+        write_json_atomic(self.file("result.json"), result)
 
     def write_meta(self, **extra: Any) -> None:
         meta = {
@@ -187,7 +311,7 @@ class RunDir:
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **extra,
         }
-        write_json_atomic(self.path / "meta.json", meta)
+        write_json_atomic(self.file("meta.json"), meta)
 
     def finish(self, result: Any, plot: Callable[[Any, Path], Any] | None = None, fig: str | None = None,
                **meta: Any) -> Any:
@@ -202,4 +326,5 @@ class RunDir:
             except Exception as exc:  # noqa: BLE001 - a figure must never lose a result
                 logger.warning("figure %s failed: %s", fig, exc)
         self.write_meta(**meta)
+        release(self.path)
         return result

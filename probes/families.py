@@ -6,7 +6,7 @@
 What it runs, per packaged model (``mechfact llm models``; install lines in the README):
 
 * ``mechfact llm probe --layers all --k-shot 3 --max-samples 40`` (the 14 shipped relations);
-* ``mechfact llm lre --relations ../shared/data/lre/{factual,linguistic} --max-samples 100 --max-test 20``
+* ``mechfact llm lre --relations ../shared/data/lre/{factual,linguistic} --max-samples 50 --max-test 10``
   (the authors' protocol, 3 trials, every one of their 32 relations at the middle layer; external data, read in
   place), and a layer sweep (``--layers``, 2 trials) on the relations of ``SWEEP``;
 * ``mechfact llm superposition`` on the shipped countries at every ``STRIDE``-th layer, 2 splits.
@@ -62,7 +62,7 @@ def run(out: Path) -> None:
     for m in MODELS:
         jobs = [(out / m / "probe", ["llm", "probe", "--model", m, "--layers", "all", "--k-shot", "3",
                                       "--max-samples", "40"])]
-        lre = ["llm", "lre", "--model", m, "--max-samples", "100", "--max-test", "20"]
+        lre = ["llm", "lre", "--model", m, "--max-samples", "50", "--max-test", "10"]
         for part in PARTS:
             jobs.append((out / m / f"lre_authors_{part}", lre + ["--relations", str(LRE_DATA / part), "--trials", "3"]))
         for part in PARTS:

@@ -5,8 +5,8 @@ from mechfact.cli import build_parser, main
 BAD = [
     (["memory", "sweep", "--d", "0", "--out", "{o}"], "--d 0"),
     (["memory", "sweep", "--d", "-3", "--out", "{o}"], "--d -3"),
-    (["memory", "sweep", "--kappa", "1.5", "--out", "{o}"], "kappa=1.5"),
-    (["memory", "sweep", "--kappa", "0", "--out", "{o}"], "kappa=0"),
+    (["memory", "sweep", "--kappa", "1.5", "--out", "{o}"], "--kappa 1.5"),
+    (["memory", "sweep", "--kappa", "0", "--out", "{o}"], "--kappa 0"),
     (["memory", "sweep", "--alpha-min", "1.0", "--alpha-max", "0.5", "--out", "{o}"], "--alpha-min 1.0"),
     (["memory", "sweep", "--seeds", "0", "--out", "{o}"], "--seeds 0"),
     (["memory", "capacity", "--method", "magic", "--out", "{o}"], "--method"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import common_args
+from ..cli import common_args, finite_float
 from ..facts.experiments import SEARCHES
 from ..facts.model import ATTENTION, EMBEDDINGS, ENTITY_INIT
 from ..facts.train import LOSSES, SCHEDULES
@@ -30,17 +30,17 @@ def _model_args(p: argparse.ArgumentParser, attention: str = "uniform") -> None:
 def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int, lr: float = 1e-2,
                 schedule: str = "constant") -> None:
     p.add_argument("--steps", type=int, default=steps, help=f"Adam step budget per model (default {steps})")
-    p.add_argument("--lr", type=float, default=lr, help=f"Adam (peak) learning rate (default {lr:g})")
+    p.add_argument("--lr", type=finite_float, default=lr, help=f"Adam (peak) learning rate (default {lr:g})")
     p.add_argument("--schedule", default=schedule, choices=SCHEDULES,
                    help=f"learning-rate schedule; warmup-cosine: 5%% linear warm-up then cosine to 0 (default {schedule})")
     p.add_argument("--batch-size", type=int, default=0, help="queries per step; 0 = full batch (default 0)")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay (default 0)")
-    p.add_argument("--l2", type=float, default=0.0,
+    p.add_argument("--weight-decay", type=finite_float, default=0.0, help="AdamW decoupled weight decay (default 0)")
+    p.add_argument("--l2", type=finite_float, default=0.0,
                    help="coupled L2 penalty (l2/2)*|theta|^2 on every trained tensor, in the loss (default 0)")
     p.add_argument("--loss", default="ce", choices=LOSSES,
                    help="ce: cross-entropy; mse: squared error of the logits against --target-logit on the answer "
                         "and 0 elsewhere (default ce)")
-    p.add_argument("--target-logit", type=float, default=1.0, help="the answer's target logit for --loss mse (default 1)")
+    p.add_argument("--target-logit", type=finite_float, default=1.0, help="the answer's target logit for --loss mse (default 1)")
     p.add_argument("--patience", type=int, default=patience,
                    help=f"give up after this many steps without a better accuracy; 0 = never (default {patience})")
     p.add_argument("--eval-every", type=int, default=50, help="steps between accuracy checks (default 50)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import UsageError, common_args
+from ..cli import UsageError, common_args, finite_float
 from ..llm.loading import DTYPES
 from ..llm.probe import POSITIONS, SITES
 from ..llm.superposition import ATTRIBUTES
@@ -79,7 +79,7 @@ def register(subparsers) -> dict:
     p.add_argument("--layers", default=None,
                    help="sweep subject layers instead, e.g. 3,9,15 or 4-20 (each relation is reported at its best "
                         "layer, every layer kept in per_relation_layer and the figure)")
-    p.add_argument("--beta", type=float, default=1.0, help="LRE scale beta (default 1)")
+    p.add_argument("--beta", type=finite_float, default=1.0, help="LRE scale beta (default 1)")
     p.add_argument("--rank", type=int, default=64, help="rank of the pseudo-inverse for causality edits (default 64)")
     p.add_argument("--n-train", type=int, default=5, help="facts whose Jacobians are averaged (default 5)")
     p.add_argument("--facts", default="known", choices=("known", "all"),
@@ -111,7 +111,7 @@ def register(subparsers) -> dict:
     p.add_argument("--attributes", default="unembed", choices=ATTRIBUTES,
                    help="attribute code: the object's unembedding row, or a one-hot class code (default unembed)")
     p.add_argument("--splits", type=int, default=3, help="random subject splits averaged (default 3)")
-    p.add_argument("--heldout", type=float, default=0.2, help="share of subjects held out (default 0.2)")
+    p.add_argument("--heldout", type=finite_float, default=0.2, help="share of subjects held out (default 0.2)")
     p.add_argument("--min-relations", type=int, default=4, help="relations every subject must carry (default 4)")
     p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     p.add_argument("--batch-size", type=int, default=16)

@@ -9,7 +9,7 @@ of ``mechfact llm probe`` (same code, same numbers). ``superposition`` and ``swa
 from __future__ import annotations
 
 
-from ..cli import UsageError, common_args
+from ..cli import UsageError, common_args, finite_float
 from ..probes.experiments import InterveneConfig
 from .llm import prompt_args, prompt_options, readout_args
 
@@ -45,8 +45,8 @@ def register(subparsers) -> dict:
     p.add_argument("--sites", nargs="+", default=None,
                    help="fact model: HOOK@POSITION (default: embed@subject, resid_mid, mlp_post, resid_post @last)")
     p.add_argument("--kind", default="auto", choices=("auto", "vector", "classifier"), help="fact model (default auto)")
-    p.add_argument("--heldout", type=float, default=0.25, help="share of subjects held out (default 0.25)")
-    p.add_argument("--alpha", type=float, default=None,
+    p.add_argument("--heldout", type=finite_float, default=0.25, help="share of subjects held out (default 0.25)")
+    p.add_argument("--alpha", type=finite_float, default=None,
                    help="ridge strength of vector readouts (default 1 for fact models, 10 for LLMs)")
     prompt_args(p)
     readout_args(p)
@@ -54,7 +54,7 @@ def register(subparsers) -> dict:
 
     p = psub.add_parser("superposition", help="regress subject embeddings on their attribute vectors")
     model_arg(p, pretrained=False)
-    p.add_argument("--heldout", type=float, default=0.2, help="share of subjects held out (default 0.2)")
+    p.add_argument("--heldout", type=finite_float, default=0.2, help="share of subjects held out (default 0.2)")
     common_args(p)
 
     p = psub.add_parser("intervene", help="selector-unit ablation, relation selectivity, relation-token swaps")
@@ -71,7 +71,7 @@ def register(subparsers) -> dict:
     model_arg(p, pretrained=False)
     p.add_argument("--new-seed", type=int, default=1, help="seed of the new bijections (default 1)")
     p.add_argument("--steps", type=int, default=300, help="retraining steps (default 300)")
-    p.add_argument("--lr", type=float, default=1e-2, help="retraining Adam lr (default 1e-2)")
+    p.add_argument("--lr", type=finite_float, default=1e-2, help="retraining Adam lr (default 1e-2)")
     common_args(p)
 
     p = psub.add_parser("scores", help="target vs competitor logits (EVT line) and spectra of effective maps")

@@ -16,14 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import DictConfig, check_choice, check_int
+from ..config import DictConfig, bad, check_choice, check_float, check_int, check_int_list
 from ..executor import Executor, Job, LocalExecutor
+from ..limits import check_memory
 from ..runs import RunDir, atomic_path
-from .construct import block_size_for, construct
+from .construct import block_size_for, construct, construction_width
 from .model import EMBEDDINGS, FactModel, FactModelConfig, build_fact_model
 from .runio import save_fact_run
-from .train import TrainConfig, train
-from .world import FactWorld, Queries
+from .train import TrainConfig, train, train_cost
+from .world import MAX_ENUMERATE, FactWorld, Queries
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,57 @@ def _check_world_and_size(cfg) -> None:
     check_int("mlp_width", cfg.mlp_width, 1)
 
 
+def _check_seed(field_: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise bad(field_, value, "must be an integer")
+
+
+def _check_type(field_: str, value, cls: type) -> None:
+    if not isinstance(value, cls):
+        raise ValueError(f"{field_}: expected a {cls.__name__}, got {type(value).__name__}")
+
+
+def n_chains(subjects: int, relations: int, hops: int) -> int:
+    """Queries of ``hops``-hop facts (every chain enumerated): ``subjects * relations ** hops``."""
+    return subjects * relations ** hops
+
+
+def _check_chains(subjects: int, relations: int, hops: int) -> None:
+    """k-hop queries are enumerated: refuse more than MAX_ENUMERATE chains before anything is built or written."""
+    if hops == 1:
+        return
+    huge = relations > 1 and hops > 64  # relations ** hops: not worth computing exactly
+    if huge or n_chains(subjects, relations, hops) > MAX_ENUMERATE:
+        total = f"about 10^{hops * math.log10(relations):.0f}" if huge else f"{n_chains(subjects, relations, hops)}"
+        raise ValueError(f"--hops {hops}: {subjects} subjects x {relations}^{hops} relation chains = {total} queries, "
+                         f"over the {MAX_ENUMERATE} that can be enumerated; use fewer --subjects, --relations or --hops")
+
+
+def _positions(hops: int, cot: bool) -> tuple[int, int]:
+    """(tokens per query, supervised positions per query) of k-hop queries."""
+    return (2 * hops, hops) if cot else (hops + 1, 1)
+
+
+def world_bytes(subjects: int, relations: int) -> float:
+    """A FactWorld's tables (int64, as built and checked) and its world.json (Python ints while written)."""
+    return (3 * 8.0 + 44.0) * subjects * relations
+
+
+def training_cost(subjects: int, relations: int, d: int, mlp_width: int, spec: "ModelSpec", hops: int = 1,
+                  cot: bool = False, batch_size: int | None = None, embeddings: str | None = None) -> tuple[float, str]:
+    """(estimated peak bytes, what dominates) of training one model on every ``hops``-hop fact of a world."""
+    n_ctx = 0 if hops == 1 else _positions(hops, cot)[0]
+    mcfg = FactModelConfig(subjects, relations, d=d, mlp_width=mlp_width, n_ctx=n_ctx, **spec.model_kwargs(embeddings))
+    need, what = train_cost(mcfg, n_chains(subjects, relations, hops), *_positions(hops, cot), batch_size)
+    return need + world_bytes(subjects, relations), what
+
+
+def _refuse_if_too_big(rows: list[tuple[float, str, str]]) -> None:
+    """``rows``: (bytes, flags, what dominates); refuses the largest one over the memory limit."""
+    need, flags, what = max(rows, key=lambda r: r[0])
+    check_memory(need, f"{flags} (mostly {what})")
+
+
 def training_queries(world: FactWorld, hops: int, cot: bool) -> Queries:
     return world.single_hop() if hops == 1 else world.k_hop(hops, cot=cot)
 
@@ -90,6 +142,18 @@ class FactsTrainConfig(DictConfig):
         _check_hops(self.hops, self.model.attention)
         if self.cot and self.hops == 1:
             raise ValueError("--cot needs --hops >= 2 (a single hop has no intermediate entity)")
+        _check_chains(self.subjects, self.relations, self.hops)
+        _check_type("model", self.model, ModelSpec)
+        _check_type("train", self.train, TrainConfig)
+        _check_seed("world_seed", self.world_seed)
+        _check_seed("init_seed", self.init_seed)
+
+    def check_cost(self) -> None:
+        """Refuse (one line) a model and fact set that cannot fit in memory, before anything is allocated."""
+        need, what = training_cost(self.subjects, self.relations, self.d, self.mlp_width, self.model, self.hops,
+                                   self.cot, self.train.batch_size)
+        flags = f"--subjects {self.subjects} --relations {self.relations} --d {self.d} --mlp-width {self.mlp_width}"
+        _refuse_if_too_big([(need, flags + (f" --hops {self.hops}" if self.hops > 1 else ""), what)])
 
 
 def _load_checkpoint(path: Path, model: FactModel) -> dict:
@@ -110,6 +174,7 @@ def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, s
 
     ``_after_checkpoint(state)`` is a test hook called after each checkpoint is written.
     """
+    cfg.check_cost()  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="facts.train", seed=seed, device=str(device))
     world = FactWorld(cfg.subjects, cfg.relations, seed if cfg.world_seed is None else cfg.world_seed,
                       attributes=cfg.attributes)
@@ -117,13 +182,13 @@ def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, s
                              seed=seed if cfg.init_seed is None else cfg.init_seed, **cfg.model.model_kwargs())
     queries = training_queries(world, cfg.hops, cfg.cot)
     tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})
-    ckpt = run.file(CHECKPOINT_FILE)
+    ckpt = run.path / CHECKPOINT_FILE  # run.file() (which commits config.json) only when it is written
     resume = _load_checkpoint(ckpt, model) if ckpt.exists() else None
     if resume is not None:
         logger.info("resuming from %s at step %d", ckpt, resume["step"])
 
     def save_ckpt(state: dict) -> None:
-        with atomic_path(ckpt) as tmp:
+        with atomic_path(run.file(CHECKPOINT_FILE)) as tmp:
             torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **state}, tmp)
         if _after_checkpoint is not None:
             _after_checkpoint(state)
@@ -164,10 +229,32 @@ class ConstructConfig(DictConfig):
         if self.hops > 1 and not self.cot:
             raise ValueError(f"--hops {self.hops} without --cot: the explicit multi-hop construction is the "
                              "chain-of-thought one (direct k-hop answering has no compact construction)")
+        check_float("target_accuracy", self.target_accuracy, lo=0, hi=1, lo_open=True)
+        _check_chains(self.subjects, self.relations, self.hops)
+        _check_seed("world_seed", self.world_seed)
+
+    def check_cost(self) -> None:
+        """Refuse (one line) a construction that cannot fit in memory. Without --d the block size is scanned up
+        to about 4 ln N (measured: 3.6-4.2 ln N reaches 99%), two models alive at a time."""
+        N, R, k = self.subjects, self.relations, self.hops
+        b = block_size_for(self.d, R, k, self.cot) if self.d is not None else min(256, math.ceil(4.5 * math.log(N)) + 2)
+        d = construction_width(R, b, k, self.cot)
+        P, sup = _positions(k, self.cot)
+        mcfg = FactModelConfig(N, R, d=d, mlp_width=2 * R * b, attention="learned" if self.cot else "uniform",
+                               n_ctx=P if self.cot else 0)
+        n_q = n_chains(N, R, k)
+        E = min(8192, n_q)
+        terms = {"the model's weights": 4.0 * (mcfg.n_weights()[0] * (2 if self.d is None else 1) + 2 * R * N * b),
+                 f"the evaluation's {E} x {N} logits": 4.0 * E * (sup * N * 1.1 + P * (4 * d + 4 * R * b)),
+                 "the world and its queries": world_bytes(N, R) + 8.0 * n_q * (3 * P + 4)}
+        flags = f"--subjects {N} --relations {R}" + (f" --d {self.d}" if self.d is not None else "") \
+            + (f" --hops {k}" if k > 1 else "")
+        _refuse_if_too_big([(sum(terms.values()), flags, max(terms, key=terms.get))])
 
 
 def run_construct(cfg: ConstructConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
     """``mechfact facts construct``: build the explicit construction, evaluate it, save it as a run directory."""
+    cfg.check_cost()  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="facts.construct", seed=seed, device=str(device))
     world = FactWorld(cfg.subjects, cfg.relations, seed if cfg.world_seed is None else cfg.world_seed)
     model, info = construct(world, cfg.d, hops=cfg.hops, cot=cfg.cot, target_accuracy=cfg.target_accuracy,
@@ -197,10 +284,10 @@ class FactsCapacityConfig(DictConfig):
                                                                    eval_every=50, patience=1500))
 
     def __post_init__(self) -> None:
-        for n in self.subjects:
-            check_int("subjects", n, 2)
-        for r in self.relations:
-            check_int("relations", r, 1)
+        check_int_list("subjects", self.subjects, 2)
+        check_int_list("relations", self.relations, 1)
+        if not self.embeddings:
+            raise ValueError("--embeddings: give at least one value")
         for e in self.embeddings:
             check_choice("embeddings", e, EMBEDDINGS)
         check_choice("search", self.search, SEARCHES)
@@ -209,8 +296,23 @@ class FactsCapacityConfig(DictConfig):
         check_int("d", self.d, 1)
         check_int("mlp_width", self.mlp_width, 1)
         check_int("seeds", self.seeds, 1)
-        if not 0 < self.target_accuracy <= 1:
-            raise ValueError(f"--target-accuracy {self.target_accuracy}: must lie in (0, 1]")
+        check_float("target_accuracy", self.target_accuracy, lo=0, hi=1, lo_open=True)
+        _check_type("model", self.model, ModelSpec)
+        _check_type("train", self.train, TrainConfig)
+        for e in self.embeddings:  # the model config's own checks of each regime
+            FactModelConfig(2, 1, **self.model.model_kwargs(e))
+
+    def check_cost(self) -> None:
+        """Refuse (one line) a search whose largest model (largest grid value, N and R) cannot fit in memory."""
+        top = max(self.grid)
+        d, m = (top, self.mlp_width) if self.search == "d" else (self.d, top)
+        rows = []
+        for N in self.subjects:
+            for R in self.relations:
+                for e in self.embeddings:
+                    need, what = training_cost(N, R, d, m, self.model, batch_size=self.train.batch_size, embeddings=e)
+                    rows.append((need, f"--subjects {N} --relations {R} --d {d} --mlp-width {m}", what))
+        _refuse_if_too_big(rows)
 
 
 def _eval_key(N: int, R: int, emb: str, d: int, m: int, seed: int) -> str:
@@ -284,6 +386,7 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
 def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
                        executor: Executor | None = None) -> dict:
     """``mechfact facts capacity``: thresholds per (N, R, embeddings, seed), written as they finish."""
+    cfg.check_cost()  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="facts.capacity", seed=seed, device=str(device))
     result = run.read_result({"thresholds": [], "evaluations": {}})
     memo = result.setdefault("evaluations", {})
@@ -331,10 +434,25 @@ class MultihopConfig(DictConfig):
             raise ValueError("--hops: give at least one value")
         for k in self.hops:
             _check_hops(k, self.model.attention)
+            _check_chains(self.subjects, self.relations, k)
+        _check_type("model", self.model, ModelSpec)
+        _check_type("train", self.train, TrainConfig)
+
+    def check_cost(self) -> None:
+        """Refuse (one line) the largest k-hop training (direct or chain of thought) that cannot fit in memory."""
+        rows = []
+        for k in sorted(set(self.hops)):
+            for cot in (False, True) if k > 1 else (False,):
+                need, what = training_cost(self.subjects, self.relations, self.d, self.mlp_width, self.model, k, cot,
+                                           self.train.batch_size)
+                rows.append((need, f"--subjects {self.subjects} --relations {self.relations} --d {self.d} "
+                                   f"--mlp-width {self.mlp_width} --hops {k}", what))
+        _refuse_if_too_big(rows)
 
 
 def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
     """``mechfact facts multihop``: same d, width and budget; direct vs CoT accuracy per k (all chains)."""
+    cfg.check_cost()  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="facts.multihop", seed=seed, device=str(device))
     result = run.read_result({"points": []})
     done = {(p["hops"], p["mode"]) for p in result["points"]}

@@ -97,6 +97,17 @@ class FactModelConfig(DictConfig):
         """Input vocabulary size (entities + relations + special tokens)."""
         return self.n_entities + self.n_relations + self.n_special
 
+    def n_weights(self) -> tuple[int, int]:
+        """(all weights, trainable weights) of the model, counted from the config (nothing is allocated)."""
+        N, d, m = self.n_entities, self.d, self.mlp_width
+        ent, unembed = N * d, (0 if self.tied else d * N)
+        rest = (self.n_relations + self.n_special + self.n_ctx) * d  # relation / special / position embeddings
+        rest += (4 if self.attention == "learned" else 2) * d * d + 2 * d * m + m + d  # attention, MLP
+        rest += 6 * d if self.layer_norm else 0
+        frozen = (0 if self.embeddings == "trainable" else ent) + (unembed if self.embeddings == "frozen" else 0)
+        total = ent + unembed + rest
+        return total, total - frozen
+
 
 
 def _randn(seed: int, tag: str, *shape: int, std: float) -> Tensor:

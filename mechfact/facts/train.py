@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 SCHEDULES = ("constant", "cosine", "warmup-cosine")
 LOSSES = ("ce", "mse")
+MAX_LR = 1e30  # Adam's first step is 10 lr: larger rates overflow float32 (and mean nothing)
+MAX_STEPS = 10**9  # a larger step budget is a typo
+EVAL_BATCH = 8192  # queries per batch of :func:`~mechfact.facts.evaluate.evaluate` (its default)
 
 
 @dataclass
@@ -58,16 +61,16 @@ class TrainConfig(DictConfig):
     l2_only: list[str] = field(default_factory=list)  # the coupled L2 applies to these parameters only ([] = all trained)
 
     def __post_init__(self) -> None:
-        check_float("lr", self.lr, lo=0, lo_open=True)
-        check_int("steps", self.steps, 0)
+        check_float("lr", self.lr, lo=0, lo_open=True, hi=MAX_LR)
+        check_int("steps", self.steps, 0, MAX_STEPS)
         if self.batch_size is not None:
             check_int("batch_size", self.batch_size, 1)
         if self.target_accuracy is not None:
             check_float("target_accuracy", self.target_accuracy, lo=0, hi=1, lo_open=True)
-        check_int("eval_every", self.eval_every, 1)
+        check_int("eval_every", self.eval_every, 1, MAX_STEPS)
         check_float("weight_decay", self.weight_decay, lo=0)
         check_choice("schedule", self.schedule, SCHEDULES)
-        check_int("patience", self.patience, 0)
+        check_int("patience", self.patience, 0, MAX_STEPS)
         check_choice("loss", self.loss, LOSSES)
         check_float("target_logit", self.target_logit, lo=0, lo_open=True)
         check_float("l2", self.l2, lo=0)
@@ -84,6 +87,44 @@ class TrainConfig(DictConfig):
             return step / warm
         t = (step - warm) / max(1, self.steps - warm)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+
+
+def train_cost(model_cfg, n_queries: int, positions: int, supervised: int = 1, batch_size: int | None = None
+               ) -> tuple[float, str]:
+    """Estimated peak bytes of :func:`train` for a model of config ``model_cfg`` (a FactModelConfig) on
+    ``n_queries`` queries of ``positions`` tokens with ``supervised`` answers each (measured on CPU: within
+    ~1.3x), and what dominates them, in words.
+
+    Terms: the weights with their gradients and Adam's two moments; the input-embedding table the forward pass
+    concatenates, and its gradient; the activations of one step (about ``pos (10 d + 4 m) + 2 pos^2`` floats per
+    query of the batch, more with learned attention and LayerNorm); the query tensors; and the evaluation, whose
+    batches of up to 8192 queries score every entity: ``8192 x supervised x N`` logits.
+    """
+    N, d, m, P = model_cfg.n_entities, model_cfg.d, model_cfg.mlp_width, positions
+    total, trainable = model_cfg.n_weights()
+    f = 4.0
+    terms = {"the weights, their gradients and Adam's moments": f * (total + 3 * trainable + 2 * model_cfg.vocab_size * d),
+             "the query tensors": 8.0 * n_queries * (3 * P + 4)}  # tokens, targets, ... (int64) + building them
+    per_query = P * (10 * d + 4 * m) + 2 * P * P
+    if model_cfg.attention == "learned":
+        per_query += 2 * P * d + 3 * P * P
+    if model_cfg.layer_norm:
+        per_query += 3 * P * d
+    B = n_queries if batch_size is None else min(batch_size, n_queries)
+    E = min(EVAL_BATCH, n_queries)
+    step = f * B * per_query
+    evaluation = f * E * (supervised * N * 1.1 + P * (4 * d + 2 * m))
+    if step >= evaluation:
+        terms[f"the activations of {B} queries per step"] = step
+    else:
+        terms[f"the evaluation's {E} x {N} logits"] = evaluation
+    return sum(terms.values()), max(terms, key=terms.get)
+
+
+def train_bytes(model_cfg, n_queries: int, positions: int, supervised: int = 1, batch_size: int | None = None
+                ) -> float:
+    """Estimated peak bytes of :func:`train` (:func:`train_cost` without the words)."""
+    return train_cost(model_cfg, n_queries, positions, supervised, batch_size)[0]
 
 
 def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor, loss: str = "ce",
@@ -171,6 +212,9 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
             opt.step()
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 loss = float(loss_t.detach())
+                if not math.isfinite(loss):  # the value pulled for the history: no extra sync
+                    raise ValueError(f"training diverged: the loss is {loss:g} at step {step} "
+                                     f"(--lr {cfg.lr:g} too high?)")
                 acc = evaluate(model, world, queries)["accuracy"]
                 history.append({"step": step, "loss": loss, "accuracy": acc})
                 bar.set_postfix(loss=f"{loss:.3g}", acc=f"{acc:.3f}")

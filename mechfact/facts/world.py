@@ -221,10 +221,14 @@ class FactWorld:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FactWorld":
+        if not isinstance(d, dict):
+            raise ValueError(f"fact world: expected an object, got a {type(d).__name__}")
         missing = {"n_entities", "n_relations", "seed", "perms"} - set(d)
         if missing:
             raise ValueError(f"fact world dict is missing {sorted(missing)}")
-        return cls(d["n_entities"], d["n_relations"], d["seed"], perms=torch.tensor(d["perms"]),
+        if isinstance(d["seed"], bool) or not hasattr(d["seed"], "__index__"):
+            raise ValueError(f"seed={d['seed']!r}: must be an integer")
+        return cls(d["n_entities"], d["n_relations"], d["seed"], perms=_int_table("perms", d["perms"]),
                    attributes=d.get("n_attributes"))  # absent in files written before attribute pools
 
     def save_json(self, path: str | os.PathLike) -> None:
@@ -234,7 +238,8 @@ class FactWorld:
 
     @classmethod
     def load_json(cls, path: str | os.PathLike) -> "FactWorld":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The world saved by :meth:`save_json`; a damaged file is one ``CorruptFile`` (ValueError) naming it."""
+        return _load_json(cls, path, "fact world")
 
 
 @dataclass
@@ -289,7 +294,7 @@ class Queries:
             raise ValueError(f"queries dict is missing {sorted(missing)}")
         n = len(d["subjects"])
         k = len(d["relations"][0]) if n else (1 if d["kind"] == "single" else 0)
-        tensors = {f: torch.tensor(d[f], dtype=torch.long) for f in _TENSOR_FIELDS}
+        tensors = {f: _int_table(f, d[f]) for f in _TENSOR_FIELDS}
         if n == 0:  # keep 2-D shapes for empty sets
             tensors["relations"] = tensors["relations"].reshape(0, k)
             pos = k + 1 if d["kind"] != "cot" else 2 * k
@@ -302,7 +307,8 @@ class Queries:
 
     @classmethod
     def load_json(cls, path: str | os.PathLike) -> "Queries":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The queries saved by :meth:`save_json`; a damaged file is one ``CorruptFile`` (ValueError) naming it."""
+        return _load_json(cls, path, "query set")
 
     def to_dataset(self):
         """A ``datasets.Dataset``: one row per query; kind and sizes in ``info.description``."""
@@ -330,3 +336,32 @@ class Queries:
 
 
 _TENSOR_FIELDS = ("tokens", "targets", "subjects", "relations", "answers")
+
+FILE_FIX = "rerun the command that wrote it (same --out) to rewrite it"
+
+
+def _int_table(name: str, value: Any) -> Tensor:
+    """An integer tensor from nested lists; ValueError naming ``name`` when they are ragged or not integers."""
+    try:
+        t = torch.tensor(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name} is not a table of integers ({' '.join(str(exc).split())[:80]})") from None
+    if t.numel() and (t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex()):
+        raise ValueError(f"{name} holds {t.dtype} values, expected integers")
+    return t.long()
+
+
+def _load_json(cls, path: str | os.PathLike, what: str):
+    """``cls.from_dict`` of a JSON file; every problem one CorruptFile: ``<path>: <what is wrong>; <what to do>``."""
+    from ..runs import CorruptFile
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        wrong = "empty" if path.stat().st_size == 0 else f"not valid JSON ({' '.join(str(exc).split())[:100]})"
+        raise CorruptFile(f"{path}: {wrong}; {FILE_FIX}") from None
+    try:
+        return cls.from_dict(data)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise CorruptFile(f"{path}: not a valid {what} ({' '.join(str(exc).split())[:200]}); {FILE_FIX}") from None

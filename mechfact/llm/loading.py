@@ -24,6 +24,11 @@
 A ``LanguageModel`` has the hook interface of the bridge (``run_with_cache``,
 ``run_with_hooks``, ``hook_dict``, ``W_U``), so every probe takes it directly.
 
+Every file is checked before or as it is loaded (:func:`check_hf_folder`,
+:func:`check_gguf`, :func:`check_converted`): a damaged, truncated or missing
+file is one :class:`~mechfact.runs.CorruptFile` (a ValueError) naming the file,
+what is wrong and what to do; a damaged converted cache is converted again.
+
 Every transformer-lens loading call of the package lives here; hook-name
 strings live in :mod:`mechfact.hooks`.
 """
@@ -32,12 +37,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import hashlib
 import itertools
+import json
 import logging
 import os
 import shutil
+import struct
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +54,7 @@ from typing import Any
 import torch
 
 from ..device import resolve_device
+from ..runs import CorruptFile, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -110,24 +120,328 @@ class LanguageModel:
                 f"device={self.device}, dtype={self.dtype})")
 
 
+# ---- checks of the files a model is loaded from -------------------------------------------------------
+# Every problem is one CorruptFile (a ValueError) "<path>: <what is wrong>; <what to do>".
+
+FOLDER_FIX = "re-download the model or save it again (save_pretrained)"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")
+HF_JSON = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+           "tokenizer.json", "vocab.json")
+_SMALL_JSON = 1 << 20  # JSON files up to this size are parsed before loading (larger ones are checked on failure)
+
+
+def _line(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _system_error(exc: BaseException) -> bool:
+    """Errors of the machine, not of the files (out of memory, disk full, permissions): never re-labelled."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOMEM,
+                                                   errno.EIO):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+def _kind(v: Any) -> str:
+    return "object" if isinstance(v, dict) else "list" if isinstance(v, list) else type(v).__name__
+
+
+def _json_file(path: Path, fix: str) -> Any:
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CorruptFile(f"{path}: not valid JSON (not UTF-8 text at byte {exc.start}); {fix}") from None
+    except json.JSONDecodeError as exc:
+        what = "empty" if path.stat().st_size == 0 else f"not valid JSON ({_line(exc, 120)})"
+        raise CorruptFile(f"{path}: {what}; {fix}") from None
+
+
+def check_safetensors(path: Path, fix: str = FOLDER_FIX) -> None:
+    """The header of a ``.safetensors`` file is readable and its tensors cover the file exactly (a truncated
+    or padded file, or another format, is refused); reads only the header."""
+    size = path.stat().st_size
+    bad = lambda what: CorruptFile(f"{path}: {what}; {fix}")  # noqa: E731
+    if size < 8:
+        raise bad(f"{'empty' if size == 0 else f'only {size} bytes'}, not a safetensors file")
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100_000_000:
+            raise bad(f"not a safetensors file (its first 8 bytes are not a header length: {n})")
+        if n > size - 8:
+            raise bad(f"truncated: its header alone needs {8 + n} bytes, the file has {size}")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        if not isinstance(header, dict):
+            raise ValueError(f"a JSON {_kind(header)}")
+        end = 0
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            lo, hi = info["data_offsets"]
+            if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi):
+                raise ValueError(f"tensor {name}: data_offsets {info['data_offsets']}")
+            end = max(end, hi)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise bad(f"unreadable safetensors header ({_line(exc, 120)}): not a safetensors file, or damaged") from None
+    if 8 + n + end != size:
+        what = "truncated" if 8 + n + end > size else "longer than its tensors"
+        raise bad(f"{what}: its header describes {8 + n + end} bytes, the file has {size}")
+
+
+def check_torch_file(path: Path, fix: str = FOLDER_FIX) -> None:
+    """A ``.bin`` / ``.pt`` checkpoint is a complete zip archive (torch.save) or a legacy pickle."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if size == 0:
+        raise CorruptFile(f"{path}: empty; {fix}")
+    if head == b"PK":
+        try:
+            with zipfile.ZipFile(path) as z:
+                z.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            if isinstance(exc, OSError) and _system_error(exc):
+                raise
+            raise CorruptFile(f"{path}: truncated or damaged PyTorch checkpoint ({_line(exc, 120)}); {fix}") from None
+    elif head[:1] != b"\x80":  # a legacy (pre-zip) torch file is a pickle
+        raise CorruptFile(f"{path}: not a PyTorch checkpoint (neither a zip archive nor a pickle); {fix}")
+
+
+def _weight_files(folder: Path, fix: str) -> list[Path]:
+    """The weight files a Hugging Face folder loads from (sharded through an index, or one file)."""
+    for index, single in (("model.safetensors.index.json", "model.safetensors"),
+                          ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+        if (folder / index).is_file():
+            data = _json_file(folder / index, fix)
+            wmap = data.get("weight_map") if isinstance(data, dict) else None
+            if not isinstance(wmap, dict) or not wmap or not all(isinstance(v, str) for v in wmap.values()):
+                raise CorruptFile(f"{folder / index}: no 'weight_map' of tensor names to shard files; {fix}")
+            shards = [folder / v for v in dict.fromkeys(wmap.values())]
+            missing = [p.name for p in shards if not p.is_file()]
+            if missing:
+                raise CorruptFile(f"{folder}: shard {missing[0]} listed in {index} is missing"
+                                  f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; {fix}")
+            return shards
+        if (folder / single).is_file():
+            return [folder / single]
+    raise CorruptFile(f"{folder}: no weights (model.safetensors or pytorch_model.bin); {fix}")
+
+
+def check_hf_folder(folder: Path, fix: str = FOLDER_FIX) -> None:
+    """Cheap checks of a local Hugging Face model folder before it is loaded: ``config.json`` is a JSON object
+    with a ``model_type``, every small JSON file parses, the weight files are there and complete (headers
+    only), a tokenizer is there. Each problem is one :class:`CorruptFile` naming the file and ``fix``."""
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise CorruptFile(f"{folder}: no config.json (not a Hugging Face model folder); {fix}")
+    cfg = _json_file(cfg_file, fix)
+    if not isinstance(cfg, dict):
+        raise CorruptFile(f"{cfg_file}: a JSON {_kind(cfg)}, expected an object with the model's config; {fix}")
+    if not isinstance(cfg.get("model_type"), str) or not cfg["model_type"]:
+        raise CorruptFile(f"{cfg_file}: no 'model_type' (e.g. \"llama\"): not a Hugging Face model config; {fix}")
+    for name in HF_JSON:  # the JSON files loading reads (tokenizer.json: its own check when loading fails)
+        f = folder / name
+        if f.is_file() and f.stat().st_size <= _SMALL_JSON:
+            _json_file(f, fix)
+    for f in _weight_files(folder, fix):
+        (check_safetensors if f.suffix == ".safetensors" else check_torch_file)(f, fix)
+    if not any((folder / t).is_file() for t in TOKENIZER_FILES):
+        raise CorruptFile(f"{folder}: no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...); copy the model's "
+                          "tokenizer files into the folder (tokenizer.save_pretrained)")
+
+
+def _diagnose(folder: Path, exc: BaseException, fix: str, what: str) -> ValueError:
+    """One line for a folder whose loading failed with ``exc``: the file at fault where it can be found."""
+    from transformers import AutoConfig
+
+    try:
+        check_hf_folder(folder, fix)  # already passed for a local folder; a hub snapshot is checked only now
+    except CorruptFile as found:
+        return found
+    try:
+        AutoConfig.from_pretrained(str(folder))
+    except Exception as cfg_exc:  # noqa: BLE001 - any config problem names config.json
+        if not _system_error(cfg_exc):
+            return CorruptFile(f"{folder / 'config.json'}: not a usable model config ({_line(cfg_exc)}); {fix}")
+    tok = folder / "tokenizer.json"
+    if tok.is_file():
+        try:
+            from tokenizers import Tokenizer
+
+            Tokenizer.from_file(str(tok))
+        except Exception as tok_exc:  # noqa: BLE001
+            return CorruptFile(f"{tok}: not a readable tokenizer ({_line(tok_exc, 120)}); {fix}")
+    text = _line(exc)
+    if "size mismatch" in text or "mismatched_sizes" in text or "shape" in text.lower():
+        detail = _shape_mismatch(folder) or "tensor shapes differ"
+        return CorruptFile(f"{folder}: the weights do not match config.json ({detail}); {fix}")
+    if isinstance(exc, ValueError):  # the loader's own one-line refusal (e.g. an unsupported architecture)
+        return exc
+    return CorruptFile(f"{what}: could not be loaded ({type(exc).__name__}: {text}); {fix}")
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n).decode("utf-8"))
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def _shape_mismatch(folder: Path) -> str | None:
+    """The first tensor whose shape in the weight files differs from what config.json builds (best effort)."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        with torch.device("meta"):
+            want = {k: tuple(v.shape) for k, v in
+                    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder))).state_dict().items()}
+        for f in _weight_files(folder, ""):
+            if f.suffix != ".safetensors":
+                continue
+            for k, shape in _safetensors_shapes(f).items():
+                if k in want and want[k] != shape:
+                    return f"{k} is {list(shape)} in {f.name}, config.json makes it {list(want[k])}"
+    except Exception:  # noqa: BLE001 - only a better message is at stake
+        return None
+    return None
+
+
+def check_gguf(path: Path) -> None:
+    """A ``.gguf`` file is not empty and starts with the GGUF magic bytes (cheap; the rest is read by the loader)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if size == 0:
+        raise CorruptFile(f"{path}: empty file, not a GGUF model; download it again")
+    if head != b"GGUF":
+        raise CorruptFile(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes); pass a .gguf "
+                          "model file or a Hugging Face model folder")
+
+
 def _load_gguf_hf(path: Path, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from a GGUF file, dequantised into a plain (unquantised) HF model."""
+    """(model, tokenizer) from a GGUF file, dequantised into a plain (unquantised) HF model.
+
+    A file that is not GGUF, truncated or damaged is one :class:`CorruptFile` naming it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    q = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    cfg = copy.deepcopy(q.config)
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config  # a "gguf-quantised" model refuses save_pretrained
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.load_state_dict(q.state_dict(), strict=True)
+    check_gguf(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        q = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        cfg = copy.deepcopy(q.config)
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config  # a "gguf-quantised" model refuses save_pretrained
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.load_state_dict(q.state_dict(), strict=True)
+    except Exception as exc:  # noqa: BLE001 - the GGUF reader raises anything on a damaged file
+        if _system_error(exc):
+            raise
+        raise CorruptFile(f"{path}: cannot be read as a GGUF model ({type(exc).__name__}: {_line(exc)}); the file "
+                          "is truncated, damaged or of an unsupported architecture: download it again") from None
     return model.to(dtype).eval(), tok
 
 
+# ---- converted GGUF caches ------------------------------------------------------------------------------
+# A converted folder is complete when MANIFEST (written last, atomically, before the folder is renamed into
+# place) lists every file of the conversion with its size, mtime and SHA-256. A load checks the sizes, and
+# rehashes a file whose mtime changed; a folder that fails is discarded and converted again.
+
+MANIFEST = "mechfact_manifest.json"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_manifest(folder: Path, source: str) -> None:
+    files = {}
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and f.name not in (MANIFEST, "source.json") and not f.name.startswith("."):
+            st = f.stat()
+            files[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _file_sha256(f)}
+    write_json_atomic(folder / MANIFEST, {"format": 1, "source": source, "files": files})
+
+
+def check_converted(folder: Path) -> str | None:
+    """``None`` when the converted folder is complete and unchanged, else what is wrong with it.
+
+    A folder converted by an older mechfact (no manifest) is checked like a model folder and, if it passes,
+    given a manifest."""
+    if not folder.is_dir():
+        return "missing"
+    man = folder / MANIFEST
+    if not man.is_file():
+        if not (folder / "config.json").is_file():
+            return "incomplete (no config.json, no manifest)"
+        try:
+            check_hf_folder(folder)
+        except CorruptFile as exc:
+            return _line(exc)
+        _remember(folder, "adopted")
+        return None
+    try:
+        data = json.loads(man.read_text(encoding="utf-8"))
+        files = data["files"]
+        entries = [(name, int(v["size"]), int(v["mtime_ns"]), str(v["sha256"])) for name, v in files.items()]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{man} unreadable ({_line(exc, 80)})"
+    if "config.json" not in files:
+        return f"{man} lists no config.json"
+    touched = False
+    for name, size, mtime, sha in entries:
+        f = folder / name
+        if not f.is_file():
+            return f"{name} is missing"
+        st = f.stat()
+        if st.st_size != size:
+            return f"{name} has {st.st_size} bytes, {size} were written"
+        if st.st_mtime_ns != mtime:
+            if _file_sha256(f) != sha:
+                return f"{name} changed since it was written (SHA-256 differs)"
+            touched = True
+    if touched:  # copied or touched, same content: remember the new mtimes
+        _remember(folder, str(data.get("source", "")))
+    return None
+
+
+def _remember(folder: Path, source: str) -> None:
+    """(Re)write the manifest of a folder that passed its checks; a read-only cache just checks again next time."""
+    try:
+        _write_manifest(folder, source)
+    except OSError as exc:
+        logger.debug("manifest of %s not written (%s)", folder, exc)
+
+
+def _discard(folder: Path) -> None:
+    """Move a damaged converted folder out of the way (one rename), then delete it."""
+    aside = folder.parent / f".{folder.name}.damaged-{os.getpid()}"
+    try:
+        os.replace(folder, aside)
+    except FileNotFoundError:  # another process moved it first
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def convert_gguf(path: Path, dest: Path) -> Path:
-    """Dequantise ``path`` once into an fp32 HF folder ``dest`` (temp dir, then one rename)."""
-    if (dest / "config.json").is_file():
+    """Dequantise ``path`` once into an fp32 HF folder ``dest`` (temp dir + manifest, then one rename).
+
+    An existing ``dest`` is reused when :func:`check_converted` passes; a damaged one is rebuilt (warning)."""
+    problem = check_converted(dest)
+    if problem is None:
         return dest
+    if dest.exists():
+        logger.warning("converted model cache %s is damaged (%s); converting %s again", dest, problem, path.name)
+        _discard(dest)
     logger.info("converting %s to a plain fp32 checkpoint in %s (once, ~20 s)", path.name, dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
@@ -135,10 +449,11 @@ def convert_gguf(path: Path, dest: Path) -> Path:
         model, tok = _load_gguf_hf(path)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        _write_manifest(tmp, path.name)  # last: a folder without it is incomplete
         try:
             os.replace(tmp, dest)
         except OSError:  # another process finished first
-            if not (dest / "config.json").is_file():
+            if check_converted(dest) is not None:
                 raise
     finally:
         if tmp.exists():
@@ -298,16 +613,21 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
     from .registry import model_dir, resolve
 
     dname = next(k for k, v in DTYPES.items() if v == dtype)
-    hf_model = tokenizer = None
+    hf_model = tokenizer = folder = None
+    fix = FOLDER_FIX
     packaged = resolve(DEFAULT_MODEL if spec is None else str(spec))
     if packaged is not None and (spec is None or not Path(str(spec)).expanduser().exists()):
-        folder = model_dir(packaged)
+        folder = model_dir(packaged)  # checked against its manifest (rebuilt when damaged)
+        fix = f"delete the converted-model cache {folder} to rebuild it"
         name, target, ident = packaged.display, str(folder), f"{packaged.name}:{packaged.sha256[:16]}"
     else:
         p = Path(spec).expanduser()
         if p.is_dir():
             if not (p / "config.json").is_file():
-                raise ValueError(f"--model {spec}: folder has no config.json (not a Hugging Face model folder)")
+                raise ValueError(f"--model {spec}: folder has no config.json (not a Hugging Face model folder); pass "
+                                 "the folder that holds the model's config.json, weights and tokenizer")
+            check_hf_folder(p)
+            folder = p
             name, target, ident = str(spec), str(p), f"{p.resolve()}:{_fingerprint(p)}"
         elif p.is_file():
             if p.suffix != ".gguf":
@@ -324,6 +644,27 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
         kwargs.update(hf_model=hf_model.to(device), tokenizer=tokenizer)
     try:
         bridge = TransformerBridge.boot_transformers(target, **kwargs)
-    except OSError as exc:  # hub/file problems: one line
-        raise ValueError(f"--model {spec}: could not be loaded ({str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # noqa: BLE001 - damaged files raise anything; one line naming the file
+        if _system_error(exc):
+            raise
+        if folder is None and ident.startswith("hub:") and not isinstance(exc, OSError):  # OSError: download
+            folder = _hub_folder(name)
+            fix = (f"delete {name} from the Hugging Face cache (huggingface-cli delete-cache) and download it again"
+                   if folder is not None else fix)
+        if folder is not None:
+            raise _diagnose(folder, exc, fix, f"--model {spec}") from None
+        if isinstance(exc, OSError):  # hub/file problems: one line
+            raise ValueError(f"--model {spec}: could not be loaded ({_line(exc)})") from None
+        raise ValueError(f"--model {spec}: could not be loaded ({type(exc).__name__}: {_line(exc)})") from None
     return _wrap(bridge, name, f"{ident}:{dname}", device, dtype)
+
+
+def _hub_folder(name: str) -> Path | None:
+    """The local snapshot folder of a hub model, where the Hugging Face cache has its config."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - only a better message is at stake
+        return None
+    return Path(cached).parent if isinstance(cached, str) else None

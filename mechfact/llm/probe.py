@@ -76,7 +76,7 @@ class ProbeConfig(DictConfig):
         check_prompt_options(self)
         check_int("known_tokens", self.known_tokens, 1)
         check_choice("readout_on", self.readout_on, ("all", "known"))
-        check_float("heldout_fraction", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
+        check_float("heldout", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
         check_int("splits", self.n_splits, 1)
         check_choice("split", self.split, ("stratified", "random"))
         check_float("C", self.C, lo=0, lo_open=True)
@@ -91,8 +91,8 @@ def check_prompt_options(cfg) -> None:
     """The checks shared by every LLM config: ``k_shot``, ``template``, ``max_samples``, ``dtype``."""
     check_int("k_shot", cfg.k_shot, 0)
     check_int("template", cfg.template, 0)
-    if cfg.max_samples is not None and cfg.max_samples < 4:
-        raise ValueError(f"--max-samples {cfg.max_samples}: need at least 4")
+    if cfg.max_samples is not None:
+        check_int("max_samples", cfg.max_samples, 4)
     check_choice("dtype", cfg.dtype, DTYPES)
 
 

@@ -7,7 +7,9 @@ against the value pinned here before anything reads it; a mismatch is one
 ``ValueError`` naming the model and the reinstall command. The verified file is
 dequantised once into a plain fp32 Hugging Face folder under
 ``$MECHFACT_CACHE/models``; a ``source.json`` there records the size and mtime
-of every part, so a later load re-verifies only when a part has changed.
+of every part, so a later load re-verifies only when a part has changed. The
+folder's own manifest (:func:`mechfact.llm.loading.check_converted`, written
+last) catches a partly written or damaged conversion, which is then redone.
 
 Short names (``--model NAME``): see :data:`MODELS`; ``default`` is ``smollm2-135m``.
 """
@@ -121,13 +123,17 @@ def verified_parts(m: PackagedModel) -> list[Path]:
 
 
 def model_dir(m: PackagedModel) -> Path:
-    """The plain fp32 Hugging Face folder of ``m``: verified, joined and converted on first use."""
-    from .loading import convert_gguf
+    """The plain fp32 Hugging Face folder of ``m``: verified, joined and converted on first use.
+
+    The folder is checked against the manifest written with it (sizes; SHA-256 of files whose mtime changed);
+    a damaged or partly written one is converted again, with a warning naming it."""
+    from .loading import check_converted, convert_gguf
 
     dest = cache_dir() / "models" / f"{m.display}-fp32"
     files = _part_files(m)
     src = dest / "source.json"
-    if (dest / "config.json").is_file() and src.is_file():
+    problem = check_converted(dest)
+    if problem is None and src.is_file():
         try:
             seen = read_json(src)
             if seen.get("parts") == _stamp(files) and seen.get("sha256") == m.sha256:
@@ -135,7 +141,7 @@ def model_dir(m: PackagedModel) -> Path:
         except (OSError, ValueError, AttributeError):  # unreadable or not an object: verify again
             pass
     files = verified_parts(m)
-    if (dest / "config.json").is_file():
+    if problem is None:
         pass  # converted before from these parts (now verified): reuse it
     elif len(files) == 1:
         convert_gguf(files[0], dest)

@@ -3,6 +3,7 @@
 A relation file is ``{"name", "prompt_templates": ["... {} ..."], "samples":
 [{"subject", "object"}]}`` plus the optional ``kind`` (``one_to_one``, ``many_to_one``,
 ``one_to_many``, ``many_to_many``; inferred when absent) and ``description``; other keys are ignored.
+A file needs at least :data:`MIN_FACTS` distinct facts (a fact listed twice counts once).
 Every problem is a ``ValueError`` that names the file and what is wrong.
 """
 
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 
 KINDS = ("many_to_one", "one_to_one", "one_to_many", "many_to_many")
+MIN_FACTS = 2  # distinct (subject, object) facts a relation FILE must hold
 
 
 def infer_kind(subjects, objects) -> str:
@@ -147,16 +149,25 @@ def parse_relation(data: object, source: str) -> Relation:
     tpls = data["prompt_templates"]
     if not isinstance(tpls, list):
         raise ValueError(f"relation file {source}: 'prompt_templates' must be a non-empty list of strings")
-    return Relation(data["name"], tpls, data["samples"], kind=data.get("kind"),
-                    description=str(data.get("description", "")), source=source)
+    rel = Relation(data["name"], tpls, data["samples"], kind=data.get("kind"),
+                   description=str(data.get("description", "")), source=source)
+    if len(rel) < MIN_FACTS:
+        listed = len(data["samples"])
+        dup = f" ({listed} listed; a fact listed twice counts once)" if listed != len(rel) else ""
+        raise ValueError(f"relation file {source}: {len(rel)} distinct fact{'s' if len(rel) != 1 else ''}{dup}; a "
+                         f"relation needs at least {MIN_FACTS} (readouts and LREs compare facts): add samples")
+    return rel
 
 
 def load_relation_file(path: str | Path) -> Relation:
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"relation file {path}: cannot be read ({exc})") from None
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is accepted
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"relation file {path}: not valid JSON (not UTF-8 text: byte {exc.start} is "
+                         f"0x{exc.object[exc.start]:02x})") from None
+    except OSError as exc:
+        raise ValueError(f"relation file {path}: cannot be read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"relation file {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     return parse_relation(data, str(path))

@@ -76,10 +76,10 @@ class SuperpositionConfig(DictConfig):
     cache_states: bool = True
 
     def __post_init__(self) -> None:
-        if self.prompt.count("{}") != 1:
+        if not isinstance(self.prompt, str) or self.prompt.count("{}") != 1:
             raise ValueError(f"--prompt {self.prompt!r}: must contain exactly one '{{}}' (the subject)")
         check_choice("attributes", self.attributes, ATTRIBUTES)
-        check_float("heldout_fraction", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
+        check_float("heldout", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
         check_int("splits", self.n_splits, 1)
         check_int("min_relations", self.min_relations, 2)
         check_choice("dtype", self.dtype, DTYPES)

@@ -18,12 +18,13 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ..config import DictConfig, bad, check_choice, check_float, flag
+from ..config import DictConfig, bad, check_choice, check_float, check_int, flag
 from ..executor import Executor, Job, LocalExecutor
+from ..limits import check_memory
 from ..runs import RunDir
 from . import analysis, solvers, theory
 from .problems import PROBLEMS, MemoryProblem, load, p_for_alpha
-from .solvers import METHODS, MemoryTrainConfig, check_kappa
+from .solvers import METHODS, MemoryTrainConfig, hebb_bytes, train_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def _check_num(field_: str, value) -> None:
 
 def _check_kappa(field_: str, kappa) -> None:
     _check_num(field_, kappa)
-    check_kappa(kappa)
+    check_float(field_, kappa, lo=0, hi=1, lo_open=True)
 
 
 def _check_positive(field_: str, value) -> None:
@@ -92,6 +93,58 @@ def _check_alpha_range(cfg, lo: str, hi: str) -> list[int]:
 def _check_type(field_: str, value, cls: type) -> None:
     if not isinstance(value, cls):
         raise ValueError(f"{field_}: expected a {cls.__name__}, got {type(value).__name__}")
+
+
+MAX_POINTS = 10_000  # loads per d of a sweep
+SEPARABLE_MAX_P = 5000  # the exact LP's limit (solvers.separable)
+
+
+def _check_separable_size(s, ds: list[int], field_: str, alpha: float) -> None:
+    """The exact LP of ``--method separable`` handles at most SEPARABLE_MAX_P associations: refuse up front."""
+    if s.method != "separable":
+        return
+    for d in ds:
+        p = p_for_alpha(alpha, d)
+        if p > SEPARABLE_MAX_P:
+            raise ValueError(f"--method separable with --d {d} {flag(field_)} {alpha:g}: p = {p} associations, over the "
+                             f"exact LP's limit of {SEPARABLE_MAX_P}; use a smaller --d or {flag(field_)}")
+
+
+MAX_SEED = 2**40  # seeds seed, seed + 1, ... also seed each W's initialisation: an int64 (seed * 7919 + ...)
+
+
+def _precheck(cfg, seed: int) -> None:
+    """What a run refuses before its run directory exists: a --seed the initialisations cannot use, and a size
+    over the memory limit (``cfg.check_cost()``)."""
+    check_int("seed", seed, -MAX_SEED, MAX_SEED)
+    cfg.check_cost()
+
+
+def _solver_bytes(s: "SolverConfig", d: int, p: int, seeds: int) -> float:
+    """Estimated peak bytes of :func:`solve` on ``seeds`` problems of size ``p`` in dimension ``d``."""
+    if s.method == "hebb":
+        return hebb_bytes(d, p, s.kappa) + 4.0 * seeds * d * d  # one problem at a time; every W is kept
+    need = train_bytes(s.problem, d, p, seeds, s.kappa, s.train.active_set)
+    if s.method == "separable":  # then one LP at a time: >= 8 constraints per input, d^2 + 1 variables, 3 copies
+        need = max(need, 3 * 8.0 * 8 * p * (d * d + 1))
+    return need
+
+
+def _check_memory(rows: list[tuple], s: "SolverConfig") -> None:
+    """``rows``: (bytes, flags, d, p, seeds) per shape; refuses the largest one over the memory limit, and a
+    decoupled batch whose dense competitors exceed ``dp_memory_gb``."""
+    need, what, d, p, seeds = max(rows, key=lambda r: r[0])
+    kind = "decoupled" if s.problem == "decoupled" else "original"
+    dense = " with dense decoupled competitors" if kind == "decoupled" and s.method != "hebb" else ""
+    check_memory(need, f"{what} (p = {p} associations in dimension {d}, {seeds} seed{'s' if seeds != 1 else ''} trained at once{dense})"
+                 if s.method != "hebb" else f"{what} (p = {p} associations in dimension {d})")
+    if dense:
+        for _, what, d, p, seeds in rows:
+            gb = 4 * seeds * p * (p - 1) * d / 1e9
+            if gb > s.train.dp_memory_gb:
+                raise ValueError(f"{what} --problem decoupled: {seeds} x p = {p} inputs with p - 1 dense competitors "
+                                 f"of dimension {d} need {gb:.1f} GB, over dp_memory_gb = {s.train.dp_memory_gb:g}; "
+                                 "use a smaller --d, load or --seeds")
 
 
 @dataclass
@@ -145,16 +198,24 @@ class SweepConfig(DictConfig):
 
     def __post_init__(self) -> None:
         self.d = _check_alpha_range(self, "alpha_min", "alpha_max")
-        if not _is_int(self.points) or self.points < 2:
-            raise bad("points", self.points, "need at least 2")
+        check_int("points", self.points, 2, MAX_POINTS)
+        _check_separable_size(self.solver, self.d, "alpha_max", self.alpha_max)
+
+    def check_cost(self) -> None:
+        """Refuse (one line) a sweep whose largest load cannot fit in memory; the solver's own size limits."""
+        s = self.solver
+        _check_memory([(_solver_bytes(s, d, p_for_alpha(self.alpha_max, d), self.seeds),
+                        f"--d {d} --alpha-max {self.alpha_max:g} --seeds {self.seeds}", d,
+                        p_for_alpha(self.alpha_max, d), self.seeds) for d in self.d], s)
 
 
 def run_sweep(cfg: SweepConfig, out: str | Path, *, device: torch.device, seed: int = 0,
               executor: Executor | None = None) -> dict:
     from . import plots
 
+    _precheck(cfg, seed)  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="memory.sweep", seed=seed, device=str(device))
-    result = run.read_result({"points": []})
+    result = run.read_result({"points": []}, shape={"points": [{"d": 0, "p": 0, "seed": 0}]})
     done = {(r["d"], r["p"], r["seed"]) for r in result["points"]}
     s = cfg.solver
     jobs = []
@@ -197,6 +258,14 @@ class CapacityConfig(DictConfig):
     def __post_init__(self) -> None:
         self.d = _check_alpha_range(self, "alpha_lo", "alpha_hi")
         _check_rel_tol(self.rel_tol)
+        _check_separable_size(self.solver, self.d, "alpha_hi", self.alpha_hi)
+
+    def check_cost(self) -> None:
+        """Refuse (one line) a search whose upper bracket cannot fit in memory (every seed of a d is trained at once)."""
+        s = self.solver
+        _check_memory([(_solver_bytes(s, d, p_for_alpha(self.alpha_hi, d), self.seeds),
+                        f"--d {d} --alpha-hi {self.alpha_hi:g} --seeds {self.seeds}", d,
+                        p_for_alpha(self.alpha_hi, d), self.seeds) for d in self.d], s)
 
 
 def _bisect_round(states: list[dict], rel_tol: float = 0.0) -> list[tuple[int, int]]:
@@ -290,6 +359,7 @@ def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, 
                  executor: Executor | None = None) -> dict:
     from . import plots
 
+    _precheck(cfg, seed)  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="memory.capacity", seed=seed, device=str(device))
     result = run.read_result({"capacity": [], "summary": [], "evaluations": {}})
     memo: dict[str, bool] = result.setdefault("evaluations", {})
@@ -332,10 +402,17 @@ class ScoresConfig(DictConfig):
         _check_positive("alpha", self.alpha)
         _check_type("train", self.train, MemoryTrainConfig)
 
+    def check_cost(self) -> None:
+        p = p_for_alpha(self.alpha, self.d)
+        s = SolverConfig(problem=self.problem, kappa=self.kappa, train=self.train)
+        _check_memory([(max(_solver_bytes(s, self.d, p, 1), hebb_bytes(self.d, p, self.kappa)),
+                        f"--d {self.d} --alpha {self.alpha:g}", self.d, p, 1)], s)
+
 
 def run_scores(cfg: ScoresConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
     from . import plots
 
+    _precheck(cfg, seed)  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="memory.scores", seed=seed, device=str(device))
     p = p_for_alpha(cfg.alpha, cfg.d)
     pr = MemoryProblem(cfg.problem, cfg.d, p, seed)
@@ -366,10 +443,20 @@ class SpectrumConfig(DictConfig):
         _check_seeds(self.seeds)
         _check_type("train", self.train, MemoryTrainConfig)
 
+    def check_cost(self) -> None:
+        """Both problems are trained (one after the other): the decoupled one, with its dense competitors, dominates."""
+        p = p_for_alpha(self.alpha, self.d)
+        s = SolverConfig(problem="decoupled", kappa=self.kappa, train=self.train)
+        need = max(_solver_bytes(s, self.d, p, self.seeds),
+                   _solver_bytes(SolverConfig(kappa=self.kappa, train=self.train), self.d, p, self.seeds))
+        need += 8.0 * 4 * self.seeds * self.d * self.d  # the W kept per family (float32 and numpy copies)
+        _check_memory([(need, f"--d {self.d} --alpha {self.alpha:g} --seeds {self.seeds}", self.d, p, self.seeds)], s)
+
 
 def run_spectrum(cfg: SpectrumConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
     from . import plots
 
+    _precheck(cfg, seed)  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="memory.spectrum", seed=seed, device=str(device))
     p = p_for_alpha(cfg.alpha, cfg.d)
     ops = [MemoryProblem("original", cfg.d, p, seed + k) for k in range(cfg.seeds)]
@@ -412,11 +499,22 @@ class RankConfig(DictConfig):
         _check_type("train", self.train, MemoryTrainConfig)
         _check_rel_tol(self.rel_tol)
 
+    def check_cost(self) -> None:
+        """Each (kappa, d) is a capacity search from the default upper bracket, all seeds trained at once."""
+        hi = CapacityConfig.alpha_hi
+        rows = []
+        for kappa in self.kappas:
+            s = SolverConfig(problem=self.problem, kappa=kappa, train=self.train)
+            rows += [(_solver_bytes(s, d, p_for_alpha(hi, d), self.seeds), f"--d {d} --seeds {self.seeds}", d,
+                      p_for_alpha(hi, d), self.seeds) for d in self.d]
+        _check_memory(rows, SolverConfig(problem=self.problem, train=self.train))
+
 
 def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: int = 0,
              executor: Executor | None = None) -> dict:
     from . import plots
 
+    _precheck(cfg, seed)  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="memory.rank", seed=seed, device=str(device))
     result = run.read_result({"capacity": [], "summary": [], "evaluations": {}})
     done = {(c["d"], c["kappa"], c["seed"]) for c in result["capacity"]}

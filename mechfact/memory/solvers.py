@@ -60,6 +60,14 @@ def hebb(problem: MemoryProblem, kappa: float = 1.0) -> Tensor:
 # ---- gradient training -------------------------------------------------------------
 
 LOSSES = ("ce", "ce-margin", "hinge2")
+MAX_LR = 1e30  # Adam's first step is 10 lr: larger rates overflow float32 (and mean nothing)
+MAX_STEPS = 10**9  # a larger step budget is a typo (and overflows the int64 step counters)
+DIVERGENCE_CHECK_EVERY = 20  # steps between checks that the loss is finite (one host sync each)
+
+
+def diverged(loss: float, step: int, flag_value: str) -> ValueError:
+    """The one-line error of a training whose loss became NaN / inf: ``flag_value`` is the lr flag, e.g. ``--lr 1``."""
+    return ValueError(f"training diverged: the loss is {loss:g} at step {step} ({flag_value} too high?)")
 
 
 @dataclass
@@ -82,15 +90,41 @@ class MemoryTrainConfig(DictConfig):
     dp_memory_gb: float = 4.0  # max GB of dense DP competitors held per batch
 
     def __post_init__(self) -> None:
-        check_float("lr", self.lr, lo=0, lo_open=True)
-        check_int("steps", self.steps, 1)
+        check_float("lr", self.lr, lo=0, lo_open=True, hi=MAX_LR)
+        check_int("steps", self.steps, 1, MAX_STEPS)
         check_float("init_scale", self.init_scale, lo=0, lo_open=True)
         check_choice("loss", self.loss, LOSSES)
         check_float("margin", self.margin)
-        check_int("patience", self.patience, 0)
+        check_int("patience", self.patience, 0, MAX_STEPS)
         check_int("active_set", self.active_set, 0)
-        check_int("refresh", self.refresh, 1)
+        check_int("refresh", self.refresh, 1, MAX_STEPS)
         check_float("dp_memory_gb", self.dp_memory_gb, lo=0, lo_open=True)
+
+
+def train_bytes(kind: str, d: int, p: int, n_problems: int = 1, kappa: float = 1.0, active_set: int = 0) -> float:
+    """Estimated peak bytes of :func:`train` on ``n_problems`` problems of size up to ``p`` (measured on CPU:
+    within ~1.5x). Dominant terms: the (B, p, p) float32 scores, their copies in the loss and its backward
+    (about 6.5 of them; 3 with an active set), the dense (B, p, p-1, d) decoupled competitors (held twice
+    while they are built or re-packed), and about 13 (d, d) matrices per problem (W, its gradient, Adam's
+    moments, the best and initial W)."""
+    B, P, f = int(n_problems), int(p), 4.0
+    m = max(1, int(round(kappa * d)))
+    K = active_set if active_set and active_set < P - 1 else 0
+    sq = f * B * P * P
+    need = f * B * (13 * d * d + (6 * d * m if m < d else 0))  # W, grads, Adam state, best / initial W
+    need += f * B * P * d * 8  # E, T (padded and as generated), V and its gradient
+    need += (3 if K else 6.5) * sq  # scores, their masked copies, the loss's concatenation and backward
+    if K:
+        need += f * B * P * K * d * 3  # gathered active candidates and their gradient
+    if kind == "decoupled":
+        need += 2 * f * B * P * (P - 1) * d  # dense competitors (+ one problem's copy / a re-packed subset)
+    return need + 4096.0 * B  # per-problem Python objects
+
+
+def hebb_bytes(d: int, p: int, kappa: float = 1.0) -> float:
+    """Estimated peak bytes of :func:`hebb` plus the float64 accuracy check of its W (E, U, V in float64, W and
+    its SVD)."""
+    return 8.0 * (4 * p * d + (5 if kappa < 1 else 2) * d * d)
 
 
 @dataclass
@@ -241,6 +275,8 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainCon
             per_input = torch.logsumexp(torch.cat([t_eff[..., None], comp_all], -1), -1) - t_eff
         loss_rows = (per_input * rv_a).sum(1) / ps_a  # mean loss per run
         loss = (loss_rows * (~finished)).sum()
+        if step % DIVERGENCE_CHECK_EVERY == 0 and not bool(torch.isfinite(loss)):  # one host sync per check
+            raise diverged(float(loss.detach()), step, f"--lr {cfg.lr:g}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

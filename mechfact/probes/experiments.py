@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import hooks
-from ..config import DictConfig, check_choice, check_float, check_int
+from ..config import DictConfig, bad, check_choice, check_float, check_int, check_int_list
 from ..facts.train import TrainConfig
 from ..runs import RunDir
 from .queries import ProbeSet, as_probe_set
@@ -50,7 +50,11 @@ class ReadoutConfig(DictConfig):
     def __post_init__(self) -> None:
         from .queries import Site
 
+        if not self.sites:
+            raise ValueError("--sites: give at least one HOOK@POSITION")
         self.sites = [str(Site.parse(s)) for s in self.sites]
+        if self.relations is not None:
+            check_int_list("relations", self.relations, 0, "give at least one relation id")
         check_choice("kind", self.kind, ("auto", "vector", "classifier"))
         check_float("heldout", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
         check_float("alpha", self.alpha, lo=0, lo_open=True)
@@ -74,17 +78,30 @@ class InterveneConfig(DictConfig):
     layer: int | None = None  # block of the default site (None: 0 for a fact model, the middle block of an LLM)
 
     def __post_init__(self) -> None:
+        if self.relations is not None:
+            check_int_list("relations", self.relations, 0, "give at least one relation id")
         if self.n_units is not None:
             check_int("units", self.n_units, 1)
         check_choice("ablation", self.kind, ("zero", "mean"))
         if self.layer is not None:
             check_int("layer", self.layer, 0)
+        if self.swap_pairs is not None:
+            for pair in self.swap_pairs:
+                if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                    raise ValueError(f"swap_pairs {self.swap_pairs}: expected pairs [r, r'] of relation ids")
+                check_int_list("swap_pairs", list(pair), 0)
 
 
 @dataclass
 class SwapConfig(DictConfig):
     new_seed: int = 1  # seed of the new random bijections
     retrain: TrainConfig = field(default_factory=lambda: RETRAIN)  # how fresh embeddings are retrained
+
+    def __post_init__(self) -> None:
+        if isinstance(self.new_seed, bool) or not isinstance(self.new_seed, int):
+            raise bad("new_seed", self.new_seed, "must be an integer")
+        if not isinstance(self.retrain, TrainConfig):
+            raise ValueError(f"retrain: expected a TrainConfig, got {type(self.retrain).__name__}")
 
 
 @dataclass
@@ -246,11 +263,31 @@ def is_fact_run(spec) -> bool:
                                                           and (p.parent / WORLD_FILE).is_file()))
 
 
+def _run_kind(p: Path) -> str | None:
+    """The ``kind`` of a mechfact run directory's config.json (None: not one, or unreadable)."""
+    import json
+
+    try:
+        cfg = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    ours = isinstance(cfg, dict) and {"kind", "config", "seed"} <= set(cfg) and isinstance(cfg["kind"], str)
+    return cfg["kind"] if ours else None
+
+
 def check_target(spec) -> str:
     """``"fact"`` or ``"pretrained"`` for a ``--model`` value; ValueError naming what a bad path is not."""
     if is_fact_run(spec):
         return "fact"
     p = Path(spec).expanduser()
+    if p.is_dir():
+        kind = _run_kind(p)
+        if ((p / "model" / "model.safetensors").is_file() or (p / "model" / "config.json").is_file()
+                or kind in ("facts.train", "facts.construct")):
+            return "fact"  # a fact-model run that lost a file: loading it names the file
+        if kind is not None:
+            raise ValueError(f"--model {spec}: a mechfact {kind} run directory, not a model; pass a fact-model run "
+                             "directory (`mechfact facts train|construct`) or a Hugging Face model folder")
     if p.is_dir() and not (p / "config.json").is_file():
         raise ValueError(f"--model {spec}: neither a fact-model run directory (world.json + model/, as written "
                          "by `mechfact facts train|construct`) nor a Hugging Face model folder (config.json)")
@@ -299,8 +336,12 @@ def run_readout(spec, cfg: ReadoutConfig, out, *, device="cpu", seed: int = 0) -
     from .plots import plot_readout
     from .readout import readout
 
+    from .queries import Site, check_hooks
+
     model, world, ps = load_target(spec, device)
     _need_world(world, "readout --sites", spec)
+    _check_relations(ps, cfg.relations)  # before the run directory: a refused run writes nothing
+    check_hooks(model, [Site.parse(s).hook for s in cfg.sites])
     run = RunDir(out, cfg, kind="probe.readout", seed=seed, device=str(device), **_identity(model, spec))
     res = readout(model, ps, cfg.sites, relations=cfg.relations, kind=cfg.kind, heldout_fraction=cfg.heldout_fraction,
                   alpha=cfg.alpha, seed=seed)
@@ -318,21 +359,37 @@ def run_superposition(spec, cfg: SuperpositionConfig, out, *, device="cpu", seed
 
 
 def _default_layer(model, layer: int | None) -> int:
+    """``--layer``, checked against the model's blocks (default: 0 for a fact model, the middle block of an LLM)."""
     n = getattr(model, "n_layers", None)
     if layer is None:
         return 0 if n is None else n // 2
-    if n is not None and layer >= n:
-        raise ValueError(f"--layer {layer}: out of range; the model has layers 0..{n - 1}")
+    blocks = n if n is not None else (len(model.blocks) if hasattr(model, "blocks") else None)
+    if blocks is not None and layer >= blocks:
+        raise ValueError(f"--layer {layer}: out of range; the model has layers 0..{blocks - 1}")
     return layer
+
+
+def _check_relations(ps, relations) -> None:
+    """``--relations`` ids the queries have (ValueError naming the ones they do)."""
+    from .queries import check_relation
+
+    for r in relations or ():
+        check_relation(ps, r)
 
 
 def run_intervene(spec, cfg: InterveneConfig, out, *, device="cpu", seed: int = 0, **prompts) -> dict:
     from .plots import plot_intervene
 
+    from .queries import check_hooks
+
     model, _, ps = load_target(spec, device, **prompts)
+    layer = _default_layer(model, cfg.layer)  # checked before the run directory: a refused run writes nothing
+    _check_relations(ps, cfg.relations)
+    _check_relations(ps, [r for pair in cfg.swap_pairs or () for r in pair])
+    check_hooks(model, [cfg.site or hooks.mlp_post(layer)])
     run = RunDir(out, cfg, kind="probe.intervene", seed=seed, device=str(device), **_identity(model, spec),
                  **({"prompts": prompts} if prompts else {}))
-    res = intervene(model, ps, relations=cfg.relations, site=cfg.site, layer=_default_layer(model, cfg.layer),
+    res = intervene(model, ps, relations=cfg.relations, site=cfg.site, layer=layer,
                     n_units=cfg.n_units, kind=cfg.kind, swap_pairs=cfg.swap_pairs, seed=seed)
     return run.finish(res.to_dict(), plot_intervene, "fig_intervene.png")
 
@@ -341,8 +398,11 @@ def run_swap(spec, cfg: SwapConfig, out, *, device="cpu", seed: int = 0) -> dict
     from .plots import plot_swap
     from .swap import freeze_and_swap
 
+    from .swap import check_new_seed
+
     model, world, _ = load_target(spec, device)
     _need_world(world, "swap", spec)
+    check_new_seed(world, cfg.new_seed)  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="probe.swap", seed=seed, device=str(device), **_identity(model, spec))
     res = freeze_and_swap(model, world, new_seed=cfg.new_seed, retrain=cfg.retrain, seed=seed)
     return run.finish(res.to_dict(), plot_swap, "fig_swap.png")
@@ -353,7 +413,8 @@ def run_scores(spec, cfg: LogitScoresConfig, out, *, device="cpu", seed: int = 0
     from .weights import scores_and_spectra
 
     model, _, ps = load_target(spec, device, **prompts)
+    layer = _default_layer(model, cfg.layer)  # checked before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="probe.scores", seed=seed, device=str(device), **_identity(model, spec),
                  **({"prompts": prompts} if prompts else {}))
-    res = scores_and_spectra(model, ps, layer=_default_layer(model, cfg.layer))
+    res = scores_and_spectra(model, ps, layer=layer)
     return run.finish(res.to_dict(), plot_scores, "fig_scores.png")

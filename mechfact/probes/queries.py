@@ -293,12 +293,9 @@ def collect(model, queries, sites: Sequence["Site | str"], *, batch_size: int = 
     if cache and getattr(model, "model_id", None):
         path = _cache_file(model, ps, sites)
         if path.is_file():
-            try:
-                d = torch.load(path, map_location="cpu", weights_only=True)
-                logger.debug("state cache hit %s", path)
-                return Activations({s: d["states"][i] for i, s in enumerate(sites)}, d["next_token"])
-            except Exception as exc:  # noqa: BLE001 - a damaged cache entry is recomputed
-                logger.warning("state cache %s unreadable (%s); recomputing", path, exc)
+            hit = _read_cache(path, sites, len(ps))
+            if hit is not None:
+                return hit
     names = sorted({s.hook for s in sites})
     want = set(names)
     dev = model_device(model)
@@ -330,11 +327,53 @@ def collect(model, queries, sites: Sequence["Site | str"], *, batch_size: int = 
         nxt[it] = logits[rows.to(logits.device), last].argmax(-1).cpu()
     res = Activations({s: v for s, v in out.items()}, nxt)
     if path is not None:
-        from ..runs import atomic_path
-
-        with atomic_path(path) as tmp:
-            torch.save({"states": [res.sites[s] for s in sites], "next_token": nxt}, tmp)
+        _write_cache(path, [res.sites[s] for s in sites], nxt)
     return res
+
+
+def _read_cache(path, sites: list[Site], n: int) -> Activations | None:
+    """A state-cache entry, checked (one (n, features) float32 tensor per site, (n,) next tokens); a damaged
+    one is deleted, with a warning naming it, and recomputed by the caller (None)."""
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(d, dict) or not isinstance(d.get("states"), (list, tuple)):
+            raise ValueError("not a state-cache entry")
+        states, nxt = list(d["states"]), d.get("next_token")
+        if len(states) != len(sites):
+            raise ValueError(f"{len(states)} sites stored, {len(sites)} expected")
+        for s, t in zip(sites, states):
+            if not (isinstance(t, Tensor) and t.ndim == 2 and t.shape[0] == n and t.dtype == torch.float32):
+                what = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"site {s}: {what}, expected ({n}, features) float32")
+        if not (isinstance(nxt, Tensor) and tuple(nxt.shape) == (n,) and nxt.dtype == torch.long):
+            raise ValueError(f"next_token is not ({n},) integers")
+    except Exception as exc:  # noqa: BLE001 - truncated zip, pickle errors, wrong content: recompute it
+        if isinstance(exc, MemoryError):
+            raise
+        from ..runs import cache_dir
+
+        logger.warning("hidden-state cache entry %s is damaged (%s); deleting and recomputing it (the cache "
+                       "is %s: delete it to clear it)", path, " ".join(str(exc).split())[:160] or type(exc).__name__,
+                       cache_dir() / "states")
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            logger.warning("could not delete %s (%s)", path, err.strerror or err)
+        return None
+    logger.debug("state cache hit %s", path)
+    return Activations(dict(zip(sites, states)), nxt)
+
+
+def _write_cache(path, states: list[Tensor], nxt: Tensor) -> None:
+    """Write a state-cache entry atomically; a cache that cannot be written is a warning, not a failure."""
+    from ..runs import atomic_path
+
+    try:
+        with atomic_path(path) as tmp:
+            torch.save({"states": states, "next_token": nxt}, tmp)
+    except OSError as exc:
+        logger.warning("hidden-state cache %s not written (%s); continuing without it (set MECHFACT_CACHE to a "
+                       "writable folder)", path, exc.strerror or exc)
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import hooks
+from ..config import check_float
 from ..seeding import derive_seed
 
 KINDS = ("classifier", "vector")
@@ -86,6 +87,12 @@ def stratified_split_indices(labels, heldout_fraction: float = 0.25, seed: int =
     return np.setdiff1d(np.arange(len(y)), te), te
 
 
+def _check_strengths(alpha: float, C: float) -> None:
+    """Ridge ``alpha`` and logistic ``C``: finite and positive (scikit-learn's own errors name neither flag)."""
+    check_float("alpha", alpha, lo=0, lo_open=True)
+    check_float("C", C, lo=0, lo_open=True)
+
+
 def _as2d(x, name: str) -> np.ndarray:
     a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64)
     if a.ndim != 2:
@@ -128,6 +135,7 @@ def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kin
     """
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: allowed {KINDS}")
+    _check_strengths(alpha, C)
     X = _as2d(features, "features")
     y = np.asarray(objects, dtype=np.int64)
     if y.shape != (X.shape[0],):
@@ -212,6 +220,8 @@ def readout(model, queries, sites=None, *, relations=None, kind: str = "auto", h
 
     if kind not in ("auto", *KINDS):
         raise ValueError(f"kind={kind!r}: allowed auto, {', '.join(KINDS)}")
+    _check_strengths(alpha, C)
+    check_float("heldout", heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
     ps = as_probe_set(queries)
     sites = [Site.parse(s) for s in (DEFAULT_SITES if sites is None else sites)]
     rels = ps.relation_ids if relations is None else [int(r) for r in relations]

@@ -88,6 +88,14 @@ def retrain_embeddings(model, world: FactWorld, init: torch.Tensor, cfg: TrainCo
     return [start, *train(m, world, cfg, device=model_device(model))["history"]]
 
 
+def check_new_seed(world: FactWorld, new_seed: int) -> FactWorld:
+    """The world of the new facts; ValueError when ``new_seed`` reproduces the model's own world."""
+    new = FactWorld(world.n_entities, world.n_relations, seed=new_seed, attributes=world.n_attributes)
+    if torch.equal(new.perms, world.perms):
+        raise ValueError(f"--new-seed {new_seed}: reproduces the model's own world (the same facts); pick another")
+    return new
+
+
 @dataclass
 class SwapResult:
     zero_shot_accuracy: float  # new facts, embeddings built from the fitted maps, nothing trained
@@ -120,9 +128,7 @@ def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: Trai
     V = attribute_vectors(model, N)
     if sfit is None:
         sfit = fit_superposition(X, V, world.perms, np.arange(N))
-    new = FactWorld(N, R, seed=new_seed, attributes=world.n_attributes)
-    if torch.equal(new.perms, world.perms):
-        raise ValueError(f"new_seed={new_seed} reproduces the model's own world: pick another")
+    new = check_new_seed(world, new_seed)
     other = FactWorld(N, R, seed=new_seed + 7919, attributes=world.n_attributes)
     ps_new, ps_old = ProbeSet.from_world(new), ProbeSet.from_world(world)
     dev = model_device(model)
