@@ -42,6 +42,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import shutil
 import struct
@@ -231,6 +232,26 @@ def _weight_files(folder: Path, fix: str) -> list[Path]:
         if (folder / single).is_file():
             return [folder / single]
     raise CorruptFile(f"{folder}: no weights (model.safetensors or pytorch_model.bin); {fix}")
+
+
+def model_bytes(folder: Path, dtype: torch.dtype) -> float:
+    """Estimated peak memory of loading a Hugging Face folder in ``dtype``: twice its parameters (the loaded
+    weights and the bridge's working copy of the largest pieces), counted from the safetensors headers (for
+    ``.bin`` weights: from their file size)."""
+    n = 0.0
+    for f in _weight_files(folder, FOLDER_FIX):
+        if f.suffix == ".safetensors":
+            n += sum(math.prod(shape) for shape in _safetensors_shapes(f).values())
+        else:
+            n += f.stat().st_size / 2  # pytorch_model.bin: assume 16-bit storage
+    return 2 * n * torch.tensor([], dtype=dtype).element_size()
+
+
+def check_model_memory(folder: Path, dtype: torch.dtype, what: str) -> None:
+    """Refuse (one line) a model whose load cannot fit under the memory limit (``--max-memory``)."""
+    from ..limits import check_memory
+
+    check_memory(model_bytes(folder, dtype), f"{what} (its weights in {str(dtype).replace('torch.', '')})")
 
 
 def check_hf_folder(folder: Path, fix: str = FOLDER_FIX) -> None:
@@ -620,6 +641,7 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
         folder = model_dir(packaged)  # checked against its manifest (rebuilt when damaged)
         fix = f"delete the converted-model cache {folder} to rebuild it"
         name, target, ident = packaged.display, str(folder), f"{packaged.name}:{packaged.sha256[:16]}"
+        check_model_memory(folder, dtype, f"--model {spec or DEFAULT_MODEL}")
     else:
         p = Path(spec).expanduser()
         if p.is_dir():
@@ -627,6 +649,7 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
                 raise ValueError(f"--model {spec}: folder has no config.json (not a Hugging Face model folder); pass "
                                  "the folder that holds the model's config.json, weights and tokenizer")
             check_hf_folder(p)
+            check_model_memory(p, dtype, f"--model {spec}")
             folder = p
             name, target, ident = str(spec), str(p), f"{p.resolve()}:{_fingerprint(p)}"
         elif p.is_file():
