@@ -248,23 +248,27 @@ class RunDir:
         self.t0 = time.time()
         self.config = _jsonable({"kind": kind, "config": config, "seed": seed, **identity})
         _lock(self.path)
-        cfg_file = self.path / "config.json"
-        self._committed = cfg_file.exists()
-        if self._committed:
-            old = read_json(cfg_file)
-            if not isinstance(old, dict) or not {"kind", "config", "seed"} <= set(old):
-                what = f"a JSON {type(old).__name__}" if not isinstance(old, dict) else "no kind, config or seed"
-                raise CorruptFile(f"{cfg_file}: not a mechfact run config ({what}); delete --out {self.path} or use "
-                                  "another")
-            if not _same_config(old, self.config):
-                keys = sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k))
-                if keys == ["config"] and isinstance(old.get("config"), dict):
-                    new = self.config["config"]
-                    keys = [f"config.{k}" for k in sorted(set(old["config"]) | set(new))
-                            if old["config"].get(k) != new.get(k)]
-                raise ValueError(f"--out {self.path}: holds a run with a different config; use another --out or "
-                                 f"delete it (differs in: {', '.join(keys)})")
-            self.config = old  # options added to mechfact since keep the run's own config and hash
+        try:
+            cfg_file = self.path / "config.json"
+            self._committed = cfg_file.exists()
+            if self._committed:
+                old = read_json(cfg_file)
+                if not isinstance(old, dict) or not {"kind", "config", "seed"} <= set(old):
+                    what = f"a JSON {type(old).__name__}" if not isinstance(old, dict) else "no kind, config or seed"
+                    raise CorruptFile(f"{cfg_file}: not a mechfact run config ({what}); delete --out {self.path} or use "
+                                      "another")
+                if not _same_config(old, self.config):
+                    keys = sorted(k for k in set(old) | set(self.config) if old.get(k) != self.config.get(k))
+                    if keys == ["config"] and isinstance(old.get("config"), dict):
+                        new = self.config["config"]
+                        keys = [f"config.{k}" for k in sorted(set(old["config"]) | set(new))
+                                if old["config"].get(k) != new.get(k)]
+                    raise ValueError(f"--out {self.path}: holds a run with a different config; use another --out or "
+                                     f"delete it (differs in: {', '.join(keys)})")
+                self.config = old  # options added to mechfact since keep the run's own config and hash
+        except BaseException:
+            release(self.path)  # refused: the folder is free again
+            raise
         self.sha256 = config_sha256(self.config)
 
     def _commit(self) -> None:
