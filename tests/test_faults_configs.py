@@ -13,7 +13,6 @@ import torch
 
 import faults_common
 from faults_configs import CASES
-from mechfact.cli import main
 from mechfact.limits import set_max_memory
 
 
@@ -38,17 +37,11 @@ def test_enough_cases():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_case(case, shared, tmp_path, capsys, one_thread):
+def test_case(case, shared, tmp_path, monkeypatch, capsys, one_thread):
     paths = faults_common.paths_for(tmp_path / "case", shared)
-    if case.setup is not None:
-        case.setup(paths)
-    capsys.readouterr()
-    rc = main(case.fill(paths))
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert rc == case.exit, err
-    assert len(lines) == 1, err
-    assert case.needle in lines[0] and "Traceback" not in err, err
+    rc, err = faults_common.run_in_process(case, paths, monkeypatch, capsys)
+    faults_common.assert_clean_exit(case, rc, err)
+    assert len(err) == 1 and case.needle in err[0], err  # one stderr line in all, no log lines either
     case.check(paths)
 
 

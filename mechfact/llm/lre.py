@@ -249,9 +249,14 @@ class LRE:
 
     def pinv(self, rank: int) -> torch.Tensor:
         """Rank-``rank`` pseudo-inverse of ``beta J``."""
+        return self.pinvs([rank])[rank]
+
+    def pinvs(self, ranks: list[int]) -> dict[int, torch.Tensor]:
+        """Rank-r pseudo-inverses of ``beta J`` for every r of ``ranks``, from one SVD."""
         U, S, Vh = torch.linalg.svd(self.beta * self.J.double())
-        r = min(rank, int((S > S[0] * 1e-10).sum()))
-        return (Vh[:r].T @ torch.diag(1 / S[:r]) @ U[:, :r].T).float()
+        n = int((S > S[0] * 1e-10).sum())
+        return {rank: (Vh[:r].T @ torch.diag(1 / S[:r]) @ U[:, :r].T).float()
+                for rank in ranks for r in [min(rank, n)]}
 
 
 def estimate_lre(lm: LanguageModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int = 96,
@@ -424,11 +429,11 @@ def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layers: li
             by_rank, base_by_rank = {}, {}
             if pairs:  # every edit of one source prompt (each rank, both edits) runs as one batch
                 proj = LRE(op.J, op.b, cfg.beta)
-                pinvs = [(r, op.pinv(r), proj.pinv(r)) for r in ranks]  # rank-r pseudo-inverses of J and beta J
+                P, Pb = op.pinvs(ranks), proj.pinvs(ranks)  # rank-r pseudo-inverses of J and beta J
                 hits = np.zeros((len(pairs), len(ranks), 2))
                 for k, (i, j) in enumerate(pairs):
-                    new = [S[i] + d for _, P, Pb in pinvs
-                           for d in ((Z[j] - Z[i]) @ P.T, (proj(S[j:j + 1]) - proj(S[i:i + 1]))[0] @ Pb.T)]
+                    dz, dp = Z[j] - Z[i], (proj(S[j:j + 1]) - proj(S[i:i + 1]))[0]
+                    new = [S[i] + d for r in ranks for d in (dz @ P[r].T, dp @ Pb[r].T)]
                     pred = edited_predictions(lm, prompts[i].tokens, prompts[i].subject_last, layer,
                                               torch.stack(new))
                     hits[k] = np.array([right(p, j) for p in pred]).reshape(len(ranks), 2)

@@ -147,6 +147,15 @@ def _check_memory(rows: list[tuple], s: "SolverConfig") -> None:
                                  "use a smaller --d, load or --seeds")
 
 
+def _check_top_load(s: "SolverConfig", ds: list[int], field: str, alpha: float, seeds: int) -> None:
+    """:func:`_check_memory` at the largest load ``alpha`` (flag ``field``) of every d, all seeds at once."""
+    rows = []
+    for d in ds:
+        p = p_for_alpha(alpha, d)
+        rows.append((_solver_bytes(s, d, p, seeds), f"--d {d} {flag(field)} {alpha:g} --seeds {seeds}", d, p, seeds))
+    _check_memory(rows, s)
+
+
 @dataclass
 class SolverConfig(DictConfig):
     """How W is found; shared by every experiment."""
@@ -203,10 +212,7 @@ class SweepConfig(DictConfig):
 
     def check_cost(self) -> None:
         """Refuse (one line) a sweep whose largest load cannot fit in memory; the solver's own size limits."""
-        s = self.solver
-        _check_memory([(_solver_bytes(s, d, p_for_alpha(self.alpha_max, d), self.seeds),
-                        f"--d {d} --alpha-max {self.alpha_max:g} --seeds {self.seeds}", d,
-                        p_for_alpha(self.alpha_max, d), self.seeds) for d in self.d], s)
+        _check_top_load(self.solver, self.d, "alpha_max", self.alpha_max, self.seeds)
 
 
 def run_sweep(cfg: SweepConfig, out: str | Path, *, device: torch.device, seed: int = 0,
@@ -262,10 +268,7 @@ class CapacityConfig(DictConfig):
 
     def check_cost(self) -> None:
         """Refuse (one line) a search whose upper bracket cannot fit in memory (every seed of a d is trained at once)."""
-        s = self.solver
-        _check_memory([(_solver_bytes(s, d, p_for_alpha(self.alpha_hi, d), self.seeds),
-                        f"--d {d} --alpha-hi {self.alpha_hi:g} --seeds {self.seeds}", d,
-                        p_for_alpha(self.alpha_hi, d), self.seeds) for d in self.d], s)
+        _check_top_load(self.solver, self.d, "alpha_hi", self.alpha_hi, self.seeds)
 
 
 def _bisect_round(states: list[dict], rel_tol: float = 0.0) -> list[tuple[int, int]]:
