@@ -177,9 +177,10 @@ def check_writable(out: str | os.PathLike) -> Path:
     path = Path(out)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".mechfact_write_probe"
-        probe.write_text("ok")
-        probe.unlink()
+        # a probe file of this process's own: two runs starting on one fresh --out must not unlink each other's
+        fd, probe = tempfile.mkstemp(prefix=".mechfact_write_probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise ValueError(f"--out {out}: not a writable directory ({exc.strerror or exc})") from None
     return path
