@@ -23,6 +23,14 @@ Names are imported on first use, so ``import mechfact`` stays light.
 from __future__ import annotations
 
 import importlib
+import os
+
+# OpenMP threads that wait for work spin by default: on a machine that is also running other jobs, torch's
+# default thread count then made a sweep 7x slower than one thread (benchmarks/threads_bench.py). Passive
+# waiting (threads sleep) keeps the default thread count within ~10% of one thread under load. OpenMP reads
+# this once, when torch is imported: set here, before any mechfact module imports torch. A value the user
+# set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 

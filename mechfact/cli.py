@@ -49,6 +49,26 @@ def common_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
                    help="refuse work whose estimated memory exceeds this (default: this machine's memory)")
 
 
+def executor_args(p: argparse.ArgumentParser) -> None:
+    """--executor, --workers, --ray-address: sweeps whose jobs are independent (docs/scaling.md)."""
+    p.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="local: one job at a time in this process; ray: one Ray task per job (default local)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="jobs run at once with --executor ray, one CPU and one thread each (default: every core)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="join a running Ray cluster ('auto' or HOST:PORT); default: start one on this machine")
+    p.add_argument("--gpus-per-task", type=finite_float, default=None,
+                   help="GPUs each Ray task reserves when the device is CUDA (default 1; 0.5 shares one GPU by two)")
+
+
+def make_executor_from(a, desc: str):
+    """The executor a command's flags ask for (the caller closes it)."""
+    from .executor import make_executor
+
+    return make_executor(a.executor, workers=a.workers, address=a.ray_address, device=a.device_obj,
+                         progress=not a.quiet, desc=desc, gpus_per_task=a.gpus_per_task)
+
+
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=5000, help="Adam step budget per run (default 5000)")
     p.add_argument("--lr", type=finite_float, default=1.0, help="Adam learning rate (default 1.0)")
@@ -82,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3)
     _solver_args(p)
     common_args(p)
+    executor_args(p)
 
     p = msub.add_parser("capacity", help="perfect-recall capacity p_c per (d, seed) by bisection")
     p.add_argument("--d", type=int, nargs="+", default=[24, 32, 48, 64])
@@ -91,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rel-tol", type=finite_float, default=0.01, help="bisection resolution on p_c, relative (default 0.01)")
     _solver_args(p)
     common_args(p)
+    executor_args(p)
 
     p = msub.add_parser("scores", help="target vs competitor score distributions, Hebb vs trained")
     p.add_argument("--d", type=int, default=64)
@@ -116,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--problem", default="original", choices=("original", "decoupled"))
     _train_args(p)
     common_args(p)
+    executor_args(p)
 
     from .commands import facts, llm, probe
 
@@ -143,11 +166,16 @@ def _run_memory(a) -> None:
         solver = ex.SolverConfig(method=a.method, problem=a.problem, kappa=a.kappa, train=_train_cfg(a))
         if a.sub == "sweep":
             cfg = ex.SweepConfig(d=a.d, alpha_min=a.alpha_min, alpha_max=a.alpha_max, points=a.points, seeds=a.seeds, solver=solver)
-            ex.run_sweep(cfg, a.out, device=device, seed=a.seed)
+            run = ex.run_sweep
         else:
             cfg = ex.CapacityConfig(d=a.d, seeds=a.seeds, solver=solver, alpha_lo=a.alpha_lo, alpha_hi=a.alpha_hi,
                                     rel_tol=a.rel_tol)
-            ex.run_capacity(cfg, a.out, device=device, seed=a.seed)
+            run = ex.run_capacity
+        executor = make_executor_from(a, f"memory {a.sub}")
+        try:
+            run(cfg, a.out, device=device, seed=a.seed, executor=executor)
+        finally:
+            executor.close()
     elif a.sub == "scores":
         ex.run_scores(ex.ScoresConfig(d=a.d, alpha=a.alpha, problem=a.problem, kappa=a.kappa, train=_train_cfg(a)),
                       a.out, device=device, seed=a.seed)
@@ -155,8 +183,12 @@ def _run_memory(a) -> None:
         ex.run_spectrum(ex.SpectrumConfig(d=a.d, alpha=a.alpha, kappa=a.kappa, seeds=a.seeds, train=_train_cfg(a, early_stop=False)),
                         a.out, device=device, seed=a.seed)
     elif a.sub == "rank":
-        ex.run_rank(ex.RankConfig(d=a.d, kappas=a.kappas, seeds=a.seeds, problem=a.problem, train=_train_cfg(a)),
-                    a.out, device=device, seed=a.seed)
+        cfg = ex.RankConfig(d=a.d, kappas=a.kappas, seeds=a.seeds, problem=a.problem, train=_train_cfg(a))
+        executor = make_executor_from(a, "memory rank")
+        try:
+            ex.run_rank(cfg, a.out, device=device, seed=a.seed, executor=executor)
+        finally:
+            executor.close()
     print(f"results written to {a.out}")
 
 
@@ -217,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"--threads {args.threads}: must be at least 1")
             torch.set_num_threads(args.threads)
         set_max_memory(args.max_memory)
+        if getattr(args, "device_map", None) is not None or getattr(args, "offload_folder", None) is not None:
+            from .llm.loading import set_placement
+
+            set_placement(args.device_map, args.offload_folder)
         flush_denormals()  # confident softmaxes and L2-decayed weights are denormal: ~10x slower on CPU
         if args.quiet:
             _silence_progress()

@@ -301,7 +301,8 @@ class RunDir:
         return result
 
     def write_result(self, result: Any) -> None:
-        if isinstance(result, dict):
+        if isinstance(result, dict):  # always the last key: the file does not depend on when it was first written
+            result.pop("config_sha256", None)
             result["config_sha256"] = self.sha256
         write_json_atomic(self.file("result.json"), result)
 

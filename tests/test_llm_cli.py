@@ -59,7 +59,7 @@ def test_bad_relation_file_exits_2(cmd, name, data, needle, env, tmp_path, capsy
     (["llm", "probe", "--model", "{model}", "--relations", "/no/such/rels"], "no such file or folder"),
     (["llm", "probe", "--model", "{model}", "--relation-names", "nope"], "--relation-names nope"),
     (["llm", "probe", "--model", "{model}", "--template", "5"], "--template 5"),
-    (["llm", "probe", "--dtype", "float16"], "--dtype"),
+    (["llm", "probe", "--dtype", "int8"], "--dtype"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, needle, env, tmp_path, capsys):
     argv = [a.replace("{model}", env["model"]) for a in argv]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import common_args, finite_float
+from ..cli import common_args, executor_args, finite_float, make_executor_from
 from ..facts.experiments import SEARCHES
 from ..facts.model import ATTENTION, EMBEDDINGS, ENTITY_INIT
 from ..facts.train import LOSSES, SCHEDULES
@@ -104,6 +104,7 @@ def register(sub) -> dict:
     _model_args(p)
     _optim_args(p, steps=4000, patience=1500)
     common_args(p)
+    executor_args(p)
 
     p = fsub.add_parser("multihop", help="direct vs chain-of-thought answering of k-hop queries, same model size")
     _size_args(p, subjects=32, d=16, mlp_width=32)
@@ -111,6 +112,7 @@ def register(sub) -> dict:
     _model_args(p, attention="learned")
     _optim_args(p, steps=3000, patience=0, lr=3e-2, schedule="warmup-cosine")
     common_args(p)
+    executor_args(p)
     return {"facts": _run}
 
 
@@ -150,14 +152,22 @@ def _run(a) -> None:
                                      search=a.search, d=a.d, mlp_width=a.mlp_width, seeds=a.seeds,
                                      model=_spec(a), train=_train_cfg(a, 0.99),
                                      **({"grid": a.grid} if a.grid else {}))
-        res = ex.run_facts_capacity(cfg, a.out, device=dev, seed=seed)
+        executor = make_executor_from(a, "facts capacity")
+        try:
+            res = ex.run_facts_capacity(cfg, a.out, device=dev, seed=seed, executor=executor)
+        finally:
+            executor.close()
         for t in res["thresholds"]:
             print(f"{t['embeddings']:>12} N={t['subjects']} R={t['relations']} seed={t['seed']}: "
                   f"{t['searched']}* = {t['threshold']}")
     elif a.facts_cmd == "multihop":
         cfg = ex.MultihopConfig(subjects=a.subjects, relations=a.relations, hops=a.hops, d=a.d,
                                 mlp_width=a.mlp_width, model=_spec(a), train=_train_cfg(a, 0.99))
-        res = ex.run_multihop(cfg, a.out, device=dev, seed=seed)
+        executor = make_executor_from(a, "facts multihop")
+        try:
+            res = ex.run_multihop(cfg, a.out, device=dev, seed=seed, executor=executor)
+        finally:
+            executor.close()
         for p in res["points"]:
             print(f"k={p['hops']} {p['mode']:>6}: accuracy {p['accuracy']:.4f}")
     print(f"results written to {a.out}")

@@ -31,10 +31,20 @@ def _layers(text: str) -> list[int] | None:
     return out
 
 
+def placement_args(p: argparse.ArgumentParser) -> None:
+    """--device-map / --offload-folder: a pretrained model larger than one device (docs/scaling.md)."""
+    p.add_argument("--device-map", default=None, metavar="MAP",
+                   help="spread the model with accelerate: auto, balanced, balanced_low_0, sequential, or a JSON "
+                        "file of module name -> device (cpu, disk, 0, cuda:1); overrides --device")
+    p.add_argument("--offload-folder", default=None, metavar="DIR",
+                   help="where weights mapped to 'disk' are kept (default: read from the model's own files)")
+
+
 def prompt_args(p: argparse.ArgumentParser) -> None:
     """The prompt options every command on a pretrained model shares (``mechfact llm ...``, ``mechfact probe ...``)."""
     p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")
     p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    placement_args(p)
     p.add_argument("--k-shot", type=int, default=3, help="in-context examples per prompt (default 3)")
     p.add_argument("--template", type=int, default=0, help="prompt template index per relation (default 0)")
     p.add_argument("--max-samples", type=int, default=None, help="N evenly spaced samples per relation (default all)")
@@ -114,6 +124,7 @@ def register(subparsers) -> dict:
     p.add_argument("--heldout", type=finite_float, default=0.2, help="share of subjects held out (default 0.2)")
     p.add_argument("--min-relations", type=int, default=4, help="relations every subject must carry (default 4)")
     p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    placement_args(p)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-state-cache", action="store_true", help="do not read/write the hidden-state disk cache")
     common_args(p)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..config import DictConfig, bad, check_choice, check_float, check_int, check_int_list
-from ..executor import Executor, Job, LocalExecutor
+from ..executor import Executor, Job, LocalExecutor, merge_evaluations
 from ..limits import check_memory
 from ..runs import RunDir, atomic_path
 from .construct import block_size_for, construct, construction_width
@@ -383,6 +383,21 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
     return {"table": table, "fits": fits}
 
 
+def _search_job(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
+                executor: Executor, on_eval=None):
+    """One threshold search as a job: in this process it shares the live memo (saved after every training);
+    in a Ray task it gets a copy of its own evaluations and returns them with its record."""
+    if executor.in_process:
+        def fn():
+            return {"record": capacity_search(N, R, emb, seed, cfg, device, memo, on_eval=on_eval), "evaluations": {}}
+    else:
+        mine = {k: v for k, v in memo.items() if k.startswith(f"N={N} R={R} emb={emb} ") and k.endswith(f" seed={seed}")}
+
+        def fn():
+            return {"record": capacity_search(N, R, emb, seed, cfg, device, mine), "evaluations": mine}
+    return fn
+
+
 def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
                        executor: Executor | None = None) -> dict:
     """``mechfact facts capacity``: thresholds per (N, R, embeddings, seed), written as they finish."""
@@ -391,6 +406,7 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
     result = run.read_result({"thresholds": [], "evaluations": {}})
     memo = result.setdefault("evaluations", {})
     done = {(t["subjects"], t["relations"], t["embeddings"], t["seed"]) for t in result["thresholds"]}
+    executor = executor or LocalExecutor(desc="facts capacity")
     jobs = []
     for emb in cfg.embeddings:
         for N in cfg.subjects:
@@ -398,17 +414,18 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
                 for s in range(seed, seed + cfg.seeds):
                     if (N, R, emb, s) in done:
                         continue
-                    jobs.append(Job(key=f"{emb} N={N} R={R} seed={s}", cost=N * R / 1e3,
-                                    fn=lambda N=N, R=R, emb=emb, s=s: capacity_search(
-                                        N, R, emb, s, cfg, device, memo, on_eval=lambda: run.write_result(result))))
+                    jobs.append(Job(key=f"{emb} N={N} R={R} seed={s}", cost=N * R / 1e3, fn=_search_job(
+                        N, R, emb, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result))))
 
-    def on_result(job: Job, rec: dict) -> None:
+    def on_result(job: Job, out: dict) -> None:
+        merge_evaluations(memo, out["evaluations"])
+        rec = out["record"]
         result["thresholds"].append(rec)
         result["thresholds"].sort(key=lambda t: (t["embeddings"], t["subjects"], t["relations"], t["seed"]))
         result["summary"] = summarise_thresholds(result["thresholds"])
         run.write_result(result)
 
-    (executor or LocalExecutor(desc="facts capacity")).map(jobs, on_result)
+    executor.map(jobs, on_result)
     result["summary"] = summarise_thresholds(result["thresholds"])
     from .plots import plot_capacity
 
@@ -450,28 +467,37 @@ class MultihopConfig(DictConfig):
         _refuse_if_too_big(rows)
 
 
-def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
-    """``mechfact facts multihop``: same d, width and budget; direct vs CoT accuracy per k (all chains)."""
+def _multihop_point(cfg: MultihopConfig, k: int, mode: str, device, seed: int) -> dict:
+    """Train one k-hop model (direct or chain of thought) and measure it: one multihop job."""
+    world = FactWorld(cfg.subjects, cfg.relations, seed)
+    tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})
+    cot = mode == "cot"
+    queries = training_queries(world, k, cot)
+    model = build_fact_model(world, cfg.d, cfg.mlp_width, hops=k, cot=cot, seed=seed, **cfg.model.model_kwargs())
+    res = train(model, world, tcfg, device=device, queries=queries, progress=False)
+    return {"hops": k, "mode": mode, "accuracy": res["accuracy"], "token_accuracy": res["token_accuracy"],
+            "n_queries": len(queries), "steps": res["steps"], "stopped": res["stopped"]}
+
+
+def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, seed: int = 0,
+                 executor: Executor | None = None) -> dict:
+    """``mechfact facts multihop``: same d, width and budget; direct vs CoT accuracy per k (all chains),
+    one job per (k, mode)."""
     cfg.check_cost()  # before the run directory: a refused run writes nothing
     run = RunDir(out, cfg, kind="facts.multihop", seed=seed, device=str(device))
     result = run.read_result({"points": []})
     done = {(p["hops"], p["mode"]) for p in result["points"]}
-    world = FactWorld(cfg.subjects, cfg.relations, seed)
-    tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})
-    for k in sorted(set(cfg.hops)):
-        for mode in ("direct", "cot") if k > 1 else ("direct",):
-            if (k, mode) in done:
-                continue
-            cot = mode == "cot"
-            queries = training_queries(world, k, cot)
-            model = build_fact_model(world, cfg.d, cfg.mlp_width, hops=k, cot=cot, seed=seed,
-                                     **cfg.model.model_kwargs())
-            res = train(model, world, tcfg, device=device, queries=queries)
-            result["points"].append({"hops": k, "mode": mode, "accuracy": res["accuracy"],
-                                     "token_accuracy": res["token_accuracy"], "n_queries": len(queries),
-                                     "steps": res["steps"], "stopped": res["stopped"]})
-            result["points"].sort(key=lambda p: (p["hops"], p["mode"]))
-            run.write_result(result)
+    jobs = [Job(key=f"hops={k} {mode}", cost=k * (2 if mode == "cot" else 1),
+                fn=lambda k=k, mode=mode: _multihop_point(cfg, k, mode, device, seed))
+            for k in sorted(set(cfg.hops)) for mode in (("direct", "cot") if k > 1 else ("direct",))
+            if (k, mode) not in done]
+
+    def on_result(job: Job, point: dict) -> None:
+        result["points"].append(point)
+        result["points"].sort(key=lambda p: (p["hops"], p["mode"]))
+        run.write_result(result)
+
+    (executor or LocalExecutor(desc="facts multihop")).map(jobs, on_result)
     result.update(subjects=cfg.subjects, relations=cfg.relations, d=cfg.d, mlp_width=cfg.mlp_width)
     from .plots import plot_multihop
 

@@ -60,7 +60,7 @@ from ..runs import CorruptFile, write_json_atomic
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -607,27 +607,77 @@ def _hf_progress(show: bool):
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+_PLACEMENT: dict[str, Any] = {}  # the command line's --device-map / --offload-folder (set_placement)
+
+
+def check_device_map(device_map: Any) -> str | dict | None:
+    """``auto|balanced|balanced_low_0|sequential``, a dict of module name -> device (``cpu``, ``disk``, a GPU
+    index or ``cuda:i``), or a JSON file holding such a dict; a clear error for anything else."""
+    if device_map is None or isinstance(device_map, dict):
+        return device_map
+    text = str(device_map)
+    if text in DEVICE_MAPS:
+        return text
+    if text.endswith(".json") or Path(text).is_file():
+        try:
+            m = json.loads(Path(text).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--device-map {text}: not a readable JSON file ({_line(exc)})") from None
+        if not isinstance(m, dict) or not all(isinstance(v, (str, int)) for v in m.values()):
+            raise ValueError(f"--device-map {text}: the file must hold one JSON object of module name -> device "
+                             "('cpu', 'disk', 0, 'cuda:1', ...)")
+        return m
+    raise ValueError(f"--device-map {text!r}: allowed values are {', '.join(DEVICE_MAPS)} or a JSON file of "
+                     "module name -> device")
+
+
+def set_placement(device_map: Any = None, offload_folder: str | None = None) -> None:
+    """Process-wide default placement for models loaded by name or path (the CLI's --device-map and
+    --offload-folder); ``load_model``'s own arguments win."""
+    _PLACEMENT.clear()
+    if device_map is not None:
+        _PLACEMENT["device_map"] = check_device_map(device_map)
+    if offload_folder is not None:
+        _PLACEMENT["offload_folder"] = str(offload_folder)
+
+
 def load_model(model_or_path: Any = None, tokenizer: Any = None, *, device: torch.device | str | None = None,
-               dtype: str | torch.dtype | None = None, progress: bool = False) -> LanguageModel:
+               dtype: str | torch.dtype | None = None, progress: bool = False, device_map: Any = None,
+               max_memory: dict | None = None, offload_folder: str | None = None) -> LanguageModel:
     """A :class:`LanguageModel` from ``model_or_path`` (see the module docstring for what it accepts).
 
     ``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda[:i]`` (default ``cpu``; for an in-memory model,
-    its own). ``dtype``: ``float32`` or ``bfloat16`` (default ``float32``; in memory: its own).
+    its own). ``dtype``: ``float32``, ``bfloat16`` or ``float16`` (default ``float32``; in memory: its own).
     ``tokenizer`` goes with an in-memory Hugging Face model. ``progress`` shows Hugging Face's loading bars.
+
+    A model larger than one device: ``device_map`` (``auto``, ``balanced``, ``balanced_low_0``, ``sequential``,
+    or a dict / JSON file of module name -> device, ``disk`` included) spreads it with accelerate over the
+    GPUs, then CPU memory, then ``offload_folder`` on disk; ``max_memory`` caps each device (e.g.
+    ``{0: "20GiB", "cpu": "60GiB"}``). ``device`` is then where the inputs go: the embedding's device.
     """
+    device_map = check_device_map(device_map if device_map is not None else _PLACEMENT.get("device_map"))
+    offload_folder = offload_folder if offload_folder is not None else _PLACEMENT.get("offload_folder")
     with _hf_progress(progress):
         if isinstance(model_or_path, torch.nn.Module):
+            if device_map is not None or max_memory is not None:
+                raise ValueError("device_map=: place an in-memory model yourself (from_pretrained(..., "
+                                 "device_map=...)) before handing it over")
             return _from_memory(model_or_path, tokenizer,
                                 None if device is None else resolve_device(str(device)),
                                 None if dtype is None else _dtype(dtype))
         if tokenizer is not None:
             raise ValueError("tokenizer=: only an in-memory model takes a tokenizer; a folder, .gguf or hub name "
                              "brings its own")
+        placement = None
+        if device_map is not None or max_memory is not None:
+            placement = {"device_map": device_map or "auto", "max_memory": max_memory,
+                         "offload_folder": offload_folder}
         return _load_spec(model_or_path, device=resolve_device(str(device or "cpu")),
-                          dtype=_dtype(dtype or "float32"))
+                          dtype=_dtype(dtype or "float32"), placement=placement)
 
 
-def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageModel:
+def _load_spec(spec, *, device: torch.device, dtype: torch.dtype, placement: dict | None = None) -> LanguageModel:
     """Boot a name or path through ``TransformerBridge.boot_transformers``."""
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -641,7 +691,8 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
         folder = model_dir(packaged)  # checked against its manifest (rebuilt when damaged)
         fix = f"delete the converted-model cache {folder} to rebuild it"
         name, target, ident = packaged.display, str(folder), f"{packaged.name}:{packaged.sha256[:16]}"
-        check_model_memory(folder, dtype, f"--model {spec or DEFAULT_MODEL}")
+        if placement is None:  # a device map spreads the weights (and may offload them to disk)
+            check_model_memory(folder, dtype, f"--model {spec or DEFAULT_MODEL}")
     else:
         p = Path(spec).expanduser()
         if p.is_dir():
@@ -649,7 +700,8 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
                 raise ValueError(f"--model {spec}: folder has no config.json (not a Hugging Face model folder); pass "
                                  "the folder that holds the model's config.json, weights and tokenizer")
             check_hf_folder(p)
-            check_model_memory(p, dtype, f"--model {spec}")
+            if placement is None:
+                check_model_memory(p, dtype, f"--model {spec}")
             folder = p
             name, target, ident = str(spec), str(p), f"{p.resolve()}:{_fingerprint(p)}"
         elif p.is_file():
@@ -664,7 +716,17 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
             ident = f"hub:{name}"
     kwargs: dict[str, Any] = dict(device=device, dtype=dtype)
     if hf_model is not None:
+        if placement is not None:
+            raise ValueError(f"--model {spec}: a .gguf file is loaded whole; --device-map needs a Hugging Face "
+                             "folder or hub name")
         kwargs.update(hf_model=hf_model.to(device), tokenizer=tokenizer)
+    elif placement is not None:
+        del kwargs["device"]
+        kwargs.update(device_map=placement["device_map"])
+        if placement["max_memory"] is not None:
+            kwargs["max_memory"] = placement["max_memory"]
+        if placement["offload_folder"] is not None:
+            kwargs["offload_folder"] = placement["offload_folder"]
     try:
         bridge = TransformerBridge.boot_transformers(target, **kwargs)
     except Exception as exc:  # noqa: BLE001 - damaged files raise anything; one line naming the file
@@ -679,7 +741,19 @@ def _load_spec(spec, *, device: torch.device, dtype: torch.dtype) -> LanguageMod
         if isinstance(exc, OSError):  # hub/file problems: one line
             raise ValueError(f"--model {spec}: could not be loaded ({_line(exc)})") from None
         raise ValueError(f"--model {spec}: could not be loaded ({type(exc).__name__}: {_line(exc)})") from None
+    if placement is not None:  # inputs go where the embedding is
+        device = _embedding_device(bridge)
     return _wrap(bridge, name, f"{ident}:{dname}", device, dtype)
+
+
+def _embedding_device(bridge) -> torch.device:
+    emb = bridge.original_model.get_input_embeddings()
+    hook = getattr(emb, "_hf_hook", None)  # offloaded modules hold meta tensors; accelerate's hook knows where
+    where = getattr(hook, "execution_device", None)
+    if where is not None:
+        return torch.device(where if not isinstance(where, int) else f"cuda:{where}")
+    p = next(emb.parameters())
+    return torch.device("cpu") if p.device.type == "meta" else p.device
 
 
 def _hub_folder(name: str) -> Path | None:

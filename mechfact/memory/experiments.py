@@ -19,7 +19,7 @@ import torch
 from scipy import stats
 
 from ..config import DictConfig, bad, check_choice, check_float, check_int, flag
-from ..executor import Executor, Job, LocalExecutor
+from ..executor import Executor, Job, LocalExecutor, merge_evaluations
 from ..limits import check_memory
 from ..runs import RunDir
 from . import analysis, solvers, theory
@@ -358,6 +358,28 @@ def fit_extrapolation(caps: list[dict]) -> dict:
             "ci95": [float(r.intercept - 1.96 * r.intercept_stderr), float(r.intercept + 1.96 * r.intercept_stderr)]}
 
 
+def _search_job(d: int, seeds: list[int], s: SolverConfig, cfg: CapacityConfig, device: torch.device,
+                memo: dict[str, bool], executor: Executor, on_eval=None):
+    """One capacity search as a job. In this process it shares the live memo and saves it after every round;
+    elsewhere (a Ray task) it gets a copy of its own evaluations and returns them with its records."""
+    if executor.in_process:
+        def fn():
+            return {"records": capacity_search(d, seeds, s, cfg, device, memo, on_eval=on_eval), "evaluations": {}}
+    else:
+        prefixes = tuple(f"{d},{sd}," for sd in seeds)
+        mine = {k: v for k, v in memo.items() if k.startswith(prefixes)}
+
+        def fn():
+            return {"records": capacity_search(d, seeds, s, cfg, device, mine), "evaluations": mine}
+    return fn
+
+
+def _merge_evaluations(memo: dict, out: dict) -> list[dict]:
+    """Fold a search job's evaluations into the memo (key order, whatever the completion order); its records."""
+    merge_evaluations(memo, out["evaluations"])
+    return out["records"]
+
+
 def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
                  executor: Executor | None = None) -> dict:
     from . import plots
@@ -368,21 +390,22 @@ def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, 
     memo: dict[str, bool] = result.setdefault("evaluations", {})
     done = {(c["d"], c["seed"]) for c in result["capacity"]}
     s = cfg.solver
+    executor = executor or LocalExecutor(desc="memory capacity")
     jobs = []
     for d in cfg.d:
         todo = [seed + k for k in range(cfg.seeds) if (d, seed + k) not in done]
         if todo:
-            jobs.append(Job(key=f"d={d}", cost=d**3 / 1e3,
-                            fn=lambda d=d, todo=todo: capacity_search(d, todo, s, cfg, device, memo,
-                                                                      on_eval=lambda: run.write_result(result))))
+            jobs.append(Job(key=f"d={d}", cost=d**3 / 1e3, fn=_search_job(
+                d, todo, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result))))
 
-    def on_result(job: Job, recs: list[dict]) -> None:
+    def on_result(job: Job, out: dict) -> None:
+        recs = _merge_evaluations(memo, out)
         result["capacity"].extend(recs)
         result["capacity"].sort(key=lambda r: (r["d"], r["seed"]))
         result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
         run.write_result(result)
 
-    (executor or LocalExecutor(desc="memory capacity")).map(jobs, on_result)
+    executor.map(jobs, on_result)
     if result["capacity"]:
         result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
     return run.finish(result, plots.plot_capacity, "fig_capacity.png", n_jobs_run=len(jobs))
@@ -521,7 +544,8 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
     run = RunDir(out, cfg, kind="memory.rank", seed=seed, device=str(device))
     result = run.read_result({"capacity": [], "summary": [], "evaluations": {}})
     done = {(c["d"], c["kappa"], c["seed"]) for c in result["capacity"]}
-    jobs = []
+    executor = executor or LocalExecutor(desc="memory rank")
+    jobs, memos = [], {}
     for kappa in cfg.kappas:
         s = SolverConfig(method="trained", problem=cfg.problem, kappa=kappa, train=cfg.train)
         ccfg = CapacityConfig(d=cfg.d, seeds=cfg.seeds, solver=s, rel_tol=cfg.rel_tol)
@@ -529,11 +553,13 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
         for d in cfg.d:
             todo = [seed + k for k in range(cfg.seeds) if (d, kappa, seed + k) not in done]
             if todo:
-                jobs.append(Job(key=f"kappa={kappa} d={d}", cost=kappa * d**3 / 1e3,
-                                fn=lambda d=d, todo=todo, s=s, ccfg=ccfg, memo=memo: capacity_search(
-                                    d, todo, s, ccfg, device, memo, on_eval=lambda: run.write_result(result))))
+                key = f"kappa={kappa} d={d}"
+                memos[key] = memo
+                jobs.append(Job(key=key, cost=kappa * d**3 / 1e3, fn=_search_job(
+                    d, todo, s, ccfg, device, memo, executor, on_eval=lambda: run.write_result(result))))
 
-    def on_result(job: Job, recs: list[dict]) -> None:
+    def on_result(job: Job, out: dict) -> None:
+        recs = _merge_evaluations(memos[job.key], out) if out else []
         result["capacity"].extend(recs)
         result["capacity"].sort(key=lambda r: (r["kappa"], r["d"], r["seed"]))
         result["summary"], _ = summarise_capacity(result["capacity"])
@@ -541,7 +567,7 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
                              "alpha_c_energy": theory.alpha_c_rank_energy(k)} for k in cfg.kappas]
         run.write_result(result)
 
-    (executor or LocalExecutor(desc="memory rank")).map(jobs, on_result)
+    executor.map(jobs, on_result)
     if result["capacity"]:
-        on_result(Job("final", lambda: None), [])
+        on_result(Job("final", lambda: None), {})
     return run.finish(result, plots.plot_rank, "fig_rank.png", n_jobs_run=len(jobs))
