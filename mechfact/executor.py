@@ -220,6 +220,8 @@ def make_executor(kind: str = "local", *, workers: int | None = None, address: s
                              "to run jobs on several cores")
         if address is not None:
             raise ValueError("--ray-address needs --executor ray")
+        if gpus_per_task is not None:
+            raise ValueError("--gpus-per-task needs --executor ray")
         return LocalExecutor(progress=progress, desc=desc)
     cuda = getattr(device, "type", str(device)) == "cuda"
     if gpus_per_task is None:

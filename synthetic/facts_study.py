@@ -2,6 +2,7 @@
 
     python -m synthetic.facts_study --out runs/facts [--part NAME ...]   # run (resumes)
     python -m synthetic.facts_study --out runs/facts --summarize         # markdown tables + combined figure
+    python -m synthetic.facts_study --out runs/facts --executor ray --workers 8   # jobs on 8 cores (or a cluster)
 
 Every part is one ``mechfact facts ...`` command (listed in PARTS, exactly as
 run for the note); each writes a standard run directory under ``--out``.
@@ -58,11 +59,13 @@ PARTS: dict[str, list[str]] = {
 }
 
 
-def run(out: Path, parts: list[str]) -> None:
+def run(out: Path, parts: list[str], executor_flags: list[str] = ()) -> None:
+    """Each part as a ``mechfact facts`` command; ``executor_flags`` (e.g. ``--executor ray --workers 2``) spread
+    its jobs over cores or a cluster."""
     from mechfact.cli import main
 
     for name in parts:
-        argv = ["facts", *PARTS[name], "--out", str(out / name), "--threads", "1", "--quiet"]
+        argv = ["facts", *PARTS[name], "--out", str(out / name), "--threads", "1", "--quiet", *executor_flags]
         print("mechfact", " ".join(argv), flush=True)
         if main(argv) != 0:
             raise SystemExit(f"part {name} failed")
@@ -124,11 +127,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/facts"))
     ap.add_argument("--part", nargs="+", choices=sorted(PARTS), default=None, help="default: all parts")
     ap.add_argument("--summarize", action="store_true")
+    ap.add_argument("--executor", default="local", choices=("local", "ray"))
+    ap.add_argument("--workers", default=None, help="Ray: jobs at once (default: every core)")
+    ap.add_argument("--ray-address", default=None, help="Ray: join a running cluster ('auto' or HOST:PORT)")
     a = ap.parse_args()
     if a.summarize:
         summarize(a.out)
     else:
-        run(a.out, a.part or list(PARTS))
+        flags = ["--executor", a.executor] + (["--workers", a.workers] if a.workers else []) + \
+                (["--ray-address", a.ray_address] if a.ray_address else [])
+        run(a.out, a.part or list(PARTS), flags if a.executor == "ray" else [])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Reproduce the linear-memory results in docs/results_linear_memory.md.
 
     python -m synthetic.linear_memory --out runs/linear_memory [--part capacity|scores|spectrum|rank|all]
+    python -m synthetic.linear_memory --out runs/linear_memory --part capacity --executor ray --workers 8
 
 Each part is a standard mechfact run directory; rerunning resumes. Wall times
 on a 2-core CPU are listed in the results note (the d = 96/128 capacity runs
@@ -54,14 +55,19 @@ def configs() -> dict[str, object]:
     }
 
 
-def run(part: str, out: Path, device: torch.device, seed: int = 0) -> None:
+def run(part: str, out: Path, device: torch.device, seed: int = 0, executor=None) -> None:
+    """Every configuration of ``part``; the capacity and rank searches go through ``executor`` (default: one
+    job at a time here; a RayExecutor spreads them over cores or a cluster)."""
     cfgs = configs()
     for name, cfg in cfgs.items():
         kind = "capacity" if name.startswith("cap_") else name
         if part not in ("all", kind):
             continue
-        fn = {"capacity": ex.run_capacity, "scores": ex.run_scores, "spectrum": ex.run_spectrum, "rank": ex.run_rank}[kind]
-        fn(cfg, out / name, device=device, seed=seed)
+        if kind in ("capacity", "rank"):
+            fn = {"capacity": ex.run_capacity, "rank": ex.run_rank}[kind]
+            fn(cfg, out / name, device=device, seed=seed, executor=executor)
+        else:
+            {"scores": ex.run_scores, "spectrum": ex.run_spectrum}[kind](cfg, out / name, device=device, seed=seed)
 
 
 if __name__ == "__main__":
@@ -69,5 +75,15 @@ if __name__ == "__main__":
     ap.add_argument("--out", default="runs/linear_memory")
     ap.add_argument("--part", default="all", choices=PARTS)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--executor", default="local", choices=("local", "ray"))
+    ap.add_argument("--workers", type=int, default=None, help="Ray: jobs at once (default: every core)")
+    ap.add_argument("--ray-address", default=None, help="Ray: join a running cluster ('auto' or HOST:PORT)")
     a = ap.parse_args()
-    run(a.part, Path(a.out), resolve_device(a.device))
+    from mechfact.executor import make_executor
+
+    device = resolve_device(a.device)
+    executor = make_executor(a.executor, workers=a.workers, address=a.ray_address, device=device)
+    try:
+        run(a.part, Path(a.out), device, executor=executor)
+    finally:
+        executor.close()

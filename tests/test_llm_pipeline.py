@@ -229,6 +229,28 @@ def test_relation_in_memory_and_its_errors():
         assert "relation 'r'" in str(e.value)
     anto = Relation("anto", ["The opposite of {} is"], [("big", "small"), ("big", "little"), ("big", "small")])
     assert anto.kind == "one_to_many" and len(anto) == 2 and anto.objects_of("big") == ["small", "little"]
+    # a declared kind may be more general than its samples (a sample of a many-to-many relation), not narrower
+    hq = Relation("hq", ["{} is based in"], [("a", "x"), ("b", "x")], kind="many_to_many")
+    assert hq.kind == "many_to_many"
+    with pytest.raises(ValueError, match="kind many_to_one but the samples are one_to_many"):
+        Relation("r", ["{} is"], [("a", "x"), ("a", "y")], kind="many_to_one")
+
+
+def test_every_relation_file_of_the_lre_authors_loads():
+    """The 26 factual and 6 linguistic files of ../shared/data/lre load, every kind as declared (external data:
+    skipped without it)."""
+    from pathlib import Path
+
+    from mechfact.llm.relations import load_relations
+
+    root = Path(__file__).resolve().parents[2] / "shared" / "data" / "lre"
+    if not root.is_dir():
+        pytest.skip(f"{root} is absent (the LRE authors' data lives in the shared folder)")
+    for part in ("factual", "linguistic"):
+        files = sorted((root / part).glob("*.json"))
+        assert files, part
+        rels = load_relations(root / part)
+        assert len(rels) == len(files), (part, len(rels), len(files))
 
 
 def test_stratified_splits_balance_objects_and_report_both_baselines():

@@ -24,6 +24,14 @@ def infer_kind(subjects, objects) -> str:
             (True, True): "many_to_many"}[(objects_repeat, subjects_repeat)]
 
 
+def _covers(declared: str, inferred: str) -> bool:
+    """Whether samples of kind ``inferred`` fit a relation declared ``declared``: a sample of a many-to-many
+    relation may happen to repeat only objects (the LRE authors' company_hq), never the other way round."""
+    many_subjects = {"one_to_one": False, "many_to_one": True, "one_to_many": False, "many_to_many": True}
+    many_objects = {"one_to_one": False, "many_to_one": False, "one_to_many": True, "many_to_many": True}
+    return (many_subjects[declared] >= many_subjects[inferred]) and (many_objects[declared] >= many_objects[inferred])
+
+
 class Relation:
     """A relation: a name, prompt templates with one ``{}`` for the subject, and (subject, object) samples.
 
@@ -83,7 +91,7 @@ class Relation:
         kind = kind or inferred
         if kind not in KINDS:
             raise bad(f"'kind' {kind!r}: allowed values are {', '.join(KINDS)}")
-        if kind != inferred and not (kind == "many_to_one" and inferred == "one_to_one"):
+        if not _covers(kind, inferred):  # a declared kind may be more general than its samples show, not narrower
             raise bad(f"kind {kind} but the samples are {inferred} (subjects or objects repeat)")
         self.name, self.kind, self.prompt_templates = name, kind, tuple(tpls)
         self.subjects, self.objects = tuple(subs), tuple(objs)
