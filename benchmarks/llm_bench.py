@@ -25,22 +25,25 @@ hub name (the baseline is loaded with ``AutoModelForCausalLM`` from the same pla
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import resource
-import statistics
-import time
-from pathlib import Path
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported: idle OpenMP threads sleep
 
-from mechfact import hooks
-from mechfact.device import resolve_device
-from mechfact.llm.loading import DEFAULT_MODEL, embedded_model_dir, load_model
-from mechfact.llm.prompts import probe_set
-from mechfact.llm.relations import load_relations
-from mechfact.probes.queries import Site, collect, pad_batch
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from mechfact import hooks  # noqa: E402
+from mechfact.device import resolve_device  # noqa: E402
+from mechfact.llm.loading import DEFAULT_MODEL, embedded_model_dir, load_model  # noqa: E402
+from mechfact.llm.prompts import probe_set  # noqa: E402
+from mechfact.llm.relations import load_relations  # noqa: E402
+from mechfact.probes.queries import Site, collect, pad_batch  # noqa: E402
 
 
 def _sync(dev):

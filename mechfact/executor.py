@@ -124,6 +124,7 @@ class RayExecutor(Executor):
         except ImportError:  # pragma: no cover - ray is a dependency
             raise ValueError("--executor ray: the ray package is not installed (pip install ray)") from None
         if not ray.is_initialized():
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report to the network
             env = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),
                    "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1"}
             kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, logging_level=logging.ERROR,

@@ -92,6 +92,28 @@ def test_linear_cross_entropy_matches_dense(monkeypatch, chunk):
         losses.linear_cross_entropy(h, W, t[:29])
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 7 * 5])
+def test_linear_cross_entropy_forms_only_the_gradients_needed(monkeypatch, chunk):
+    """The gradients are formed in the forward pass: only for inputs that require them, none under no_grad,
+    and each equal to the dense form's."""
+    from mechfact.facts import losses
+
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", chunk)
+    g = torch.Generator().manual_seed(1)
+    h0, W0 = torch.randn(30, 4, generator=g), torch.randn(4, 5, generator=g)
+    t = torch.randint(5, (30,), generator=g)
+    ref = torch.nn.functional.cross_entropy(h0 @ W0, t)
+    with torch.no_grad():
+        assert losses.linear_cross_entropy(h0, W0, t).item() == pytest.approx(ref.item(), rel=1e-6)
+    for need_h, need_W in ((True, False), (False, True)):
+        h, W = h0.clone().requires_grad_(need_h), W0.clone().requires_grad_(need_W)
+        loss = losses.linear_cross_entropy(h, W, t)
+        (grad,) = torch.autograd.grad(loss, h if need_h else W)
+        hr, Wr = h0.clone().requires_grad_(need_h), W0.clone().requires_grad_(need_W)
+        (grad_ref,) = torch.autograd.grad(torch.nn.functional.cross_entropy(hr @ Wr, t), hr if need_h else Wr)
+        assert torch.allclose(grad, grad_ref, atol=1e-6)
+
+
 def test_linear_squared_error_matches_dense():
     from mechfact.facts import losses
 

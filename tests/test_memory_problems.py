@@ -99,3 +99,26 @@ def test_decoupled_scores_never_hold_dense_candidates():
     assert dense_gb > 2.0
     assert peak_gb < 0.9  # interpreter + torch + O(block) buffers
     assert 0.0 <= acc <= 1.0
+
+
+def test_competitors_into_a_padded_batch_and_reused_for_scores():
+    """competitors(out=...) writes the same values as competitors() straight into a slice of a padded batch;
+    scores(competitors=...) reading them gives the regenerated result to the bit (training's float64 re-check)."""
+    pr = MemoryProblem("decoupled", 6, 300, 1)  # two competitor blocks, five input blocks
+    ref = pr.competitors(0, 300)
+    batch = torch.zeros(2, 310, 309, 6)
+    out = pr.competitors(0, 300, out=batch[1, :300, :299])
+    assert out.data_ptr() == batch[1, :300, :299].data_ptr()
+    assert torch.equal(batch[1, :300, :299], ref)
+    assert batch[1, 300:].abs().sum() == 0 and batch[1, :, 299:].abs().sum() == 0 and batch[0].abs().sum() == 0
+    assert torch.equal(pr.competitors(70, 130, out=torch.empty(60, 299, 6)), ref[70:130])
+    with pytest.raises(ValueError, match="need a float32 tensor of shape"):
+        pr.competitors(0, 300, out=torch.empty(300, 298, 6))
+    W = torch.randn(6, 6)
+    a, ca = scores(pr, W, keep_competitors=True)
+    b, cb = scores(pr, W, keep_competitors=True, competitors=batch[1, :300, :299])
+    assert torch.equal(ca, cb)
+    for f in ("target", "comp_mean", "comp_std", "comp_max"):
+        assert torch.equal(getattr(a, f), getattr(b, f))
+    with pytest.raises(ValueError, match="need shape"):
+        scores(pr, W, competitors=ref[:, :10])

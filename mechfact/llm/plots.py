@@ -9,14 +9,18 @@ import numpy as np
 from ..plotting import save, subplots
 
 
-def plot_readout(result: dict, path) -> None:
-    """One panel per relation: held-out readout accuracy, shuffled control and chance across layers."""
+def plot_readout(result: dict, path, cols: int = 4) -> None:
+    """One panel per relation: held-out readout accuracy, shuffled control and chance across layers.
+
+    ``cols``: panels per row (the report uses 2, so each panel stays readable at page width)."""
     rels = [r for r in result["relations"] if any(p["relation"] == r["relation"] for p in result["per_layer"])]
     n = max(1, len(rels))
-    cols = min(4, n)
+    cols = max(1, min(cols, n))
     rows = math.ceil(n / cols)
-    fig, axes = subplots(rows, cols, figsize=(3.3 * cols, 2.8 * rows), squeeze=False, sharey=True,
-                             layout="constrained")
+    wide = cols <= 2  # few, large panels: larger text
+    size = (4.6, 3.0) if wide else (3.3, 2.8)
+    fig, axes = subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False, sharey=True,
+                         layout="constrained")
     for ax, rel in zip(axes.flat, rels):
         pts = sorted((p for p in result["per_layer"] if p["relation"] == rel["relation"]), key=lambda p: p["layer"])
         x = [p["layer"] for p in pts]
@@ -26,12 +30,15 @@ def plot_readout(result: dict, path) -> None:
         if all("prior_baseline" in p for p in pts):
             ax.plot(x, [p["prior_baseline"] for p in pts], "-.", color="tab:purple", lw=0.8, label="class prior")
         ax.set_title(f"{rel['relation']} ({pts[0]['readout_kind'] if pts else ''})\n"
-                     f"known {rel['n_known']}/{rel['n_samples']}", fontsize=8)
+                     f"known {rel['n_known']}/{rel['n_samples']}", fontsize=10 if wide else 8)
+        if pts and pts[0]["readout_kind"] == "vector" and max(p["readout_accuracy"] for p in pts) < 0.1:
+            ax.text(0.5, 0.5, "vector readout at chance: held-out subjects'\nobjects never occur in training",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=9 if wide else 7, color="dimgray")
         ax.set_ylim(-0.02, 1.02)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=9 if wide else 7)
     for ax in list(axes.flat)[len(rels):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=6, loc="lower right")
+    axes.flat[0].legend(fontsize=8 if wide else 6, loc="lower right")
     fig.supxlabel("layer")
     fig.supylabel("accuracy")
     fig.suptitle(f"{result.get('model', '')}: linear readout of the object from the subject state", fontsize=10)
@@ -142,4 +149,74 @@ def plot_lre_layers(result: dict, path) -> None:
         ax.set_xlabel("subject layer")
         ax.set_title(f"{result.get('model', '')}: {title}", fontsize=9)
     fig.colorbar(im, ax=axes, shrink=0.6)
+    save(fig, path)
+
+
+def plot_lre_detail(result: dict, path) -> None:
+    """Per relation: faithfulness against beta (left) and causality against the edit rank (right), the authors'
+    edit beside the projection edit; readable with a single relation (a bar pair is not)."""
+    rels = [r for r in result["per_relation"] if r.get("faithfulness_by_beta")]
+    fig, (a, b) = subplots(1, 2, figsize=(9.6, 3.6), layout="constrained")
+    for i, r in enumerate(rels):
+        c = f"C{i}"
+        fb = sorted((float(k), v) for k, v in r["faithfulness_by_beta"].items() if v is not None)
+        a.plot([x for x, _ in fb], [y for _, y in fb], "o-", ms=3, color=c, label=f"{r['relation']} (n={r['n_test']})")
+        rk = sorted((int(k), v) for k, v in (r.get("causality_by_rank") or {}).items() if v is not None)
+        pb = sorted((int(k), v) for k, v in (r.get("causality_projection_baseline_by_rank") or {}).items()
+                    if v is not None)
+        if rk:
+            b.plot([x for x, _ in rk], [y for _, y in rk], "o-", color=c, label=f"{r['relation']}: authors' edit")
+        if pb:
+            b.plot([x for x, _ in pb], [y for _, y in pb], "s--", color=c, alpha=0.6,
+                   label=f"{r['relation']}: projection edit")
+    a.axvline(1.0, color="k", lw=0.6, ls=":")
+    a.set_xlabel("beta")
+    a.set_ylabel("faithfulness (top token = object)")
+    a.set_ylim(-0.02, 1.02)
+    a.set_title(f"{result.get('model', '')}: LRE at layer {result.get('layer')}", fontsize=10)
+    a.legend(fontsize=8)
+    ranks = sorted({int(k) for r in rels for k in (r.get("causality_by_rank") or {})})
+    b.set_xscale("log", base=2)
+    if ranks:
+        b.set_xticks(ranks, [str(k) for k in ranks])
+        b.minorticks_off()
+    b.set_xlabel("edit rank (the largest: full rank)")
+    b.set_ylabel("causality (answer moved to the target)")
+    b.set_ylim(-0.02, 1.02)
+    b.set_title("causality against the rank of the edit", fontsize=10)
+    b.legend(fontsize=8)
+    save(fig, path)
+
+
+def plot_families(runs: dict, path) -> None:
+    """Model families side by side: mean readout against relative depth (left); continent decodability and
+    the superposition fit against relative depth (right). ``runs``: {model: {"probe": ..., "superposition": ...}}."""
+    fig, (a, b) = subplots(1, 2, figsize=(10.0, 3.8), layout="constrained")
+    for i, (m, r) in enumerate(runs.items()):
+        c = f"C{i}"
+        pr = r.get("probe") or {}
+        pts = [p for p in pr.get("mean_per_layer", []) if p["group"] == "all"]
+        if pts:
+            x = [p["layer"] / max(1, pr["n_layers"] - 1) for p in pts]
+            a.plot(x, [p["mean_readout_accuracy"] for p in pts], "o-", ms=3, color=c, label=f"{m}")
+            a.plot(x, [p["mean_control_accuracy"] for p in pts], "--", color=c, lw=0.8)
+        sup = r.get("superposition") or {}
+        rows = sorted(sup.get("per_layer", []), key=lambda x: x["layer"])
+        if rows:
+            n = max(1, pr.get("n_layers", rows[-1]["layer"] + 1) - 1)
+            xs = [x["layer"] / n for x in rows]
+            key = next((k for k in rows[0]["decodability"] if k.endswith("continent")), None)
+            if key:
+                b.plot(xs, [x["decodability"][key]["accuracy"] for x in rows], "o-", ms=3, color=c,
+                       label=f"{m}: continent decodable")
+            b.plot(xs, [x["r2_heldout"] for x in rows], "s:", ms=3, color=c, label=f"{m}: superposition R^2")
+    a.set_xlabel("relative depth (layer / last layer)")
+    a.set_ylabel("mean held-out readout (dashed: control)")
+    a.set_ylim(-0.02, 1.02)
+    a.set_title("readout of the object from the subject state", fontsize=10)
+    a.legend(fontsize=8)
+    b.axhline(0, color="k", lw=0.5)
+    b.set_xlabel("relative depth")
+    b.set_title("countries from the bare subject", fontsize=10)
+    b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save(fig, path)

@@ -90,16 +90,37 @@ class MemoryProblem:
         return _rows(self.seed, "U" if self.kind == "original" else "T", self.p, self.d)
 
     # ---- decoupled competitors -------------------------------------------------
-    def competitors(self, start: int, stop: int) -> Float[Tensor, "rows p_minus_1 d"]:
-        """DP competitors of inputs start..stop-1, shape (stop-start, p-1, d) (dense: moderate p only)."""
+    def competitors(self, start: int, stop: int, out: Tensor | None = None) -> Float[Tensor, "rows p_minus_1 d"]:
+        """DP competitors of inputs start..stop-1, shape (stop-start, p-1, d) (dense: moderate p only).
+
+        With ``out`` (a float32 (stop-start, p-1, d) tensor or view, e.g. a slice of a padded batch) the
+        blocks are written straight into it: generated once, scaled on the way, no intermediate copy.
+        """
         if self.kind != "decoupled":
             raise ValueError("competitors() exists only for the decoupled problem")
-        out = torch.empty(stop - start, self.p - 1, self.d)
+        shape = (stop - start, self.p - 1, self.d)
+        if out is None:
+            out = torch.empty(shape)
+        elif tuple(out.shape) != shape or out.dtype != torch.float32:
+            raise ValueError(f"competitors(out=...): need a float32 tensor of shape {shape}, got "
+                             f"{out.dtype} {tuple(out.shape)}")
+        buf = torch.empty(ROW_BLOCK, COMP_BLOCK, self.d)
+        scale = math.sqrt(self.d)
         for i in range(start // ROW_BLOCK, math.ceil(stop / ROW_BLOCK)):
             r0, r1 = max(start, i * ROW_BLOCK), min(stop, (i + 1) * ROW_BLOCK)
-            for c0, c1, block in self.competitor_blocks(i):
-                out[r0 - start : r1 - start, c0:c1] = block[r0 - i * ROW_BLOCK : r1 - i * ROW_BLOCK]
+            for c0, c1, raw in self._raw_blocks(i, buf):  # same values as competitor_blocks: raw / sqrt(d)
+                torch.div(raw[r0 - i * ROW_BLOCK : r1 - i * ROW_BLOCK], scale, out=out[r0 - start : r1 - start, c0:c1])
         return out
+
+    def _raw_blocks(self, i: int, buf: Tensor) -> Iterator[tuple[int, int, Tensor]]:
+        """Unscaled N(0, 1) competitor blocks of input block i, generated into ``buf`` (see competitor_blocks)."""
+        rows = min(self.p, (i + 1) * ROW_BLOCK) - i * ROW_BLOCK
+        n_comp = self.p - 1
+        for j in range(math.ceil(n_comp / COMP_BLOCK)):
+            g = generator(self.seed, "C", self.d, i, j)
+            torch.randn(ROW_BLOCK, COMP_BLOCK, self.d, generator=g, out=buf)
+            c0, c1 = j * COMP_BLOCK, min(n_comp, (j + 1) * COMP_BLOCK)
+            yield c0, c1, buf[:rows, : c1 - c0]
 
     def competitor_blocks(self, i: int, buf: Tensor | None = None) -> Iterator[tuple[int, int, Tensor]]:
         """For input block i: (c0, c1, competitors[rows of block i, c0:c1]) one block at a time.
@@ -110,16 +131,11 @@ class MemoryProblem:
         """
         if self.kind != "decoupled":
             raise ValueError("competitor_blocks() exists only for the decoupled problem")
-        rows = min(self.p, (i + 1) * ROW_BLOCK) - i * ROW_BLOCK
-        n_comp = self.p - 1
         if buf is None:
             buf = torch.empty(ROW_BLOCK, COMP_BLOCK, self.d)
-        for j in range(math.ceil(n_comp / COMP_BLOCK)):
-            g = generator(self.seed, "C", self.d, i, j)
-            torch.randn(ROW_BLOCK, COMP_BLOCK, self.d, generator=g, out=buf)
+        for c0, c1, raw in self._raw_blocks(i, buf):
             buf.div_(math.sqrt(self.d))
-            c0, c1 = j * COMP_BLOCK, min(n_comp, (j + 1) * COMP_BLOCK)
-            yield c0, c1, buf[:rows, : c1 - c0]
+            yield c0, c1, raw
 
     def dense_bytes(self) -> int:
         """Bytes a dense float32 copy of the competitors would take."""
@@ -152,11 +168,15 @@ def _std(C: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors: bool = False, chunk: int = ROW_BLOCK):
+def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors: bool = False, chunk: int = ROW_BLOCK,
+           competitors: Tensor | None = None):
     """Target/competitor score statistics of W on ``problem`` (float64, chunked).
 
     With ``keep_competitors`` also returns the (p, p-1) competitor score matrix
-    (only sensible for moderate p).
+    (only sensible for moderate p). ``competitors``: the decoupled problem's dense
+    float32 (p, p-1, d) competitors when the caller already holds them (training
+    does); they are then read instead of regenerated, block by block as generated,
+    so the result is the same to the bit.
     """
     W = W.detach().to("cpu", torch.float64)
     E = problem.inputs().double()
@@ -176,12 +196,15 @@ def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors:
             if keep_competitors:
                 comps.append(C)
     else:  # one (64 inputs x 256 candidates) block at a time: memory stays O(block), whatever p
+        if competitors is not None and tuple(competitors.shape) != (problem.p, problem.p - 1, problem.d):
+            raise ValueError(f"scores(competitors=...): need shape {(problem.p, problem.p - 1, problem.d)}, "
+                             f"got {tuple(competitors.shape)}")
         buf = torch.empty(ROW_BLOCK, COMP_BLOCK, problem.d)  # reused for every block
         buf64 = torch.empty(ROW_BLOCK, COMP_BLOCK, problem.d, dtype=torch.float64)
         for i in range(math.ceil(problem.p / ROW_BLOCK)):
             Vi = V[i * ROW_BLOCK : (i + 1) * ROW_BLOCK]
             C = torch.empty(Vi.shape[0], problem.p - 1, dtype=torch.float64)  # (rows, p-1) scores only
-            for c0, c1, Cb in problem.competitor_blocks(i, buf):
+            for c0, c1, Cb in _blocks_of(problem, i, buf, competitors):
                 Cd = buf64[: Cb.shape[0], : Cb.shape[1]]
                 Cd.copy_(Cb)
                 C[:, c0:c1] = torch.einsum("rkd,rd->rk", Cd, Vi)
@@ -192,6 +215,17 @@ def scores(problem: MemoryProblem, W: Float[Tensor, "d d"], *, keep_competitors:
     if keep_competitors:
         return sc, torch.cat(comps)
     return sc
+
+
+def _blocks_of(problem: MemoryProblem, i: int, buf: Tensor, dense: Tensor | None) -> Iterator[tuple[int, int, Tensor]]:
+    """Competitor blocks of input block i: generated into ``buf``, or sliced from ``dense`` (same blocks)."""
+    if dense is None:
+        yield from problem.competitor_blocks(i, buf)
+        return
+    r0, r1 = i * ROW_BLOCK, min(problem.p, (i + 1) * ROW_BLOCK)
+    for c0 in range(0, problem.p - 1, COMP_BLOCK):
+        c1 = min(problem.p - 1, c0 + COMP_BLOCK)
+        yield c0, c1, dense[r0:r1, c0:c1]
 
 
 def accuracy(problem: MemoryProblem, W: Tensor) -> float:

@@ -4,7 +4,10 @@
   kappa < 1 its best rank-m approximation (truncated SVD).
 * ``trained``: full-batch Adam on cross-entropy over all p outputs, many runs
   of one shape trained together as one batched computation (instances of
-  different p are padded and masked). With kappa < 1, W = Q R^T.
+  different p are padded). With kappa < 1, W = Q R^T. The step is fused: each
+  input's loss over all its competitors, the recall check and the gradient with
+  respect to v_mu = W e_mu are formed in one pass over cache-sized chunks of
+  rows (see :class:`_FusedRows`), without padding masks or concatenations.
   Training stops for a run as soon as it recalls every association (capacity
   is about perfect recall); the W with the best accuracy seen is returned.
 * ``separable``: an exact finite-size decision. Perfect recall is a homogeneous
@@ -142,11 +145,175 @@ def _pad(rows: list[Tensor], P: int) -> Tensor:
     return out
 
 
+CHUNK_BYTES = 1 << 20  # CPU: one chunk's scores (original) stay in L2 between the forward and the gradient
+DP_CHUNK_BYTES = 1 << 22  # CPU: one chunk's decoupled competitors (read twice: scores, then the gradient; L3-resident)
+
+
+def _chunks(act: list[int], ps: list[int], P: int, row_bytes: int, budget: float) -> list[tuple[int, int, int, int]]:
+    """Chunks (j0, j1, r0, r1) of the active runs ``act`` (global ids, in packed order): whole runs j0..j1-1 of
+    consecutive ids (all P rows, padded) when two or more fit ``budget``, else rows r0..r1-1 of one run."""
+    out = []
+    n_max = len(act) if math.isinf(budget) else int(budget // (P * row_bytes))
+    if n_max >= 2:
+        j = 0
+        while j < len(act):
+            j1 = j + 1
+            while j1 < len(act) and j1 - j < n_max and act[j1] == act[j1 - 1] + 1:
+                j1 += 1
+            out.append((j, j1, 0, P if j1 - j > 1 else ps[act[j]]))
+            j = j1
+        return out
+    rows = P if math.isinf(budget) else max(1, int(budget // row_bytes))
+    for j, g in enumerate(act):
+        out.extend((j, j + 1, r0, min(ps[g], r0 + rows)) for r0 in range(0, ps[g], rows))
+    return out
+
+
+class _FusedRows:
+    """The per-input loss, recall check and gradient of every active run, one chunk of rows at a time.
+
+    Row mu's loss depends on v_mu = W e_mu only: OP, cross-entropy of the logits s[mu, :] = U v_mu with the
+    target on the diagonal (``hinge2``: sum over rho != mu of relu(margin - s_mu,mu + s_mu,rho)^2); DP, the same
+    over [t_mu . v_mu, c^(mu)_k . v_mu]. So d(loss_mu)/d(v_mu) is formed with the loss, while the chunk's
+    scores (OP) or competitors (DP) are still in cache; training scales it per run. One run's chunk is sliced
+    to its own p (no padding); several small runs share a chunk padded to P, the padded outputs / competitors
+    taking an additive -inf (the padded inputs have e_mu = 0 and are dropped).
+    """
+
+    def __init__(self, kind: str, T: Tensor, C: Tensor | None, ps: list[int], loss: str, margin: float):
+        self.kind, self.T, self.C, self.ps, self.loss, self.margin = kind, T, C, ps, loss, margin
+        self.shift = margin if loss == "ce-margin" else 0.0
+        P, d = T.shape[1], T.shape[2]
+        self.P = P
+        cpu = T.device.type == "cpu"
+        if kind == "original":
+            self.row_bytes, budget = 4 * P, CHUNK_BYTES
+        else:
+            self.row_bytes, budget = 4 * (P - 1) * d, DP_CHUNK_BYTES
+        self.budget = budget if cpu else float("inf")  # on a GPU: one chunk per contiguous group of runs
+        self.inplace_log_softmax = cpu  # aten's CPU kernel is row-local: safe in place (saves a pass)
+        # DP scores c_k . v_mu: a batched (1, d) x (d, K) product; on CPU from d ~ 96 linalg.vecdot (product and
+        # sum over the cache-resident chunk) streams the competitors ~2x faster than MKL's batched gemv
+        # (measured at d = 96 and 128; at d = 64 it is slower)
+        self.dp_vecdot = cpu and d >= 96
+
+    def _col_bias(self, gs: list[int], n_cols: int, offset: int, device) -> Tensor | None:
+        """(n, 1, n_cols) additive bias: -inf at the padded columns (col >= p - offset) of each run, else None."""
+        lim = torch.tensor([self.ps[g] - offset for g in gs], device=device)
+        if int(lim.min()) >= n_cols:
+            return None
+        cols = torch.arange(n_cols, device=device)
+        return torch.zeros(len(gs), 1, n_cols, device=device).masked_fill_(cols[None, None, :] >= lim[:, None, None],
+                                                                           float("-inf"))
+
+    def __call__(self, V: Tensor, act: list[int], need_grad: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """V (b, P, d) of the active runs ``act``: per-input loss (b, P), recall (b, P), d loss / d V (b, P, d)."""
+        b, P, d = V.shape
+        loss = V.new_zeros(b, P)
+        ok = torch.zeros(b, P, dtype=torch.bool, device=V.device)
+        G = V.new_zeros(b, P, d) if need_grad else None
+        for j0, j1, r0, r1 in _chunks(act, self.ps, P, self.row_bytes, self.budget):
+            gs = act[j0:j1]
+            g0, n = gs[0], j1 - j0
+            pc = self.ps[g0] if n == 1 else P  # one run: sliced to its p; several: padded to P
+            Vc = V[j0:j1, r0:r1]
+            if self.kind == "original":
+                bias = self._col_bias(gs, pc, 0, V.device) if n > 1 else None
+                l, o, g = self._original(Vc, self.T[g0 : g0 + n, :pc], r0, bias, need_grad)
+            else:
+                bias = self._col_bias(gs, pc - 1, 1, V.device) if n > 1 else None
+                l, o, g = self._decoupled(Vc, self.T[g0 : g0 + n, r0:r1], self.C[g0 : g0 + n, r0:r1, : pc - 1],
+                                          bias, need_grad)
+            if n > 1 and any(self.ps[x] < P for x in gs):  # padded inputs: no loss, no recall, no gradient
+                pad = torch.arange(r0, r1, device=V.device)[None, :] >= torch.tensor([self.ps[x] for x in gs],
+                                                                                     device=V.device)[:, None]
+                l = l.masked_fill(pad, 0.0)
+                o = o & ~pad
+                if g is not None:
+                    g = g.masked_fill(pad[..., None], 0.0)
+            loss[j0:j1, r0:r1] = l
+            ok[j0:j1, r0:r1] = o
+            if G is not None:
+                G[j0:j1, r0:r1] = g
+        return loss, ok, G
+
+    def _original(self, Vc, Tc, r0, bias, need_grad):
+        S = torch.bmm(Vc, Tc.transpose(1, 2))  # (n, rows, p): s[mu, rho] = u_rho . v_mu
+        if bias is not None:
+            S.add_(bias)
+        dg = S.diagonal(r0, 1, 2)  # the targets s[mu, mu]
+        tgt = dg.clone()
+        dg.fill_(float("-inf"))
+        ok = tgt > S.amax(-1)  # strictly above every competitor
+        if self.loss == "hinge2":
+            H = S.sub_((tgt - self.margin)[..., None]).relu_()  # the diagonal (-inf) drops out
+            loss = (H * H).sum(-1)
+            if not need_grad:
+                return loss, ok, None
+            H.mul_(2.0)
+            H.diagonal(r0, 1, 2).copy_(-H.sum(-1))
+            return loss, ok, torch.bmm(H, Tc)
+        dg.copy_(tgt - self.shift)
+        if self.inplace_log_softmax and S.is_contiguous():
+            torch.ops.aten._log_softmax.out(S, -1, False, out=S)
+        else:
+            S = torch.log_softmax(S, -1)
+        loss = -S.diagonal(r0, 1, 2)
+        if not need_grad:
+            return loss, ok, None
+        G = torch.zeros_like(S)
+        G.diagonal(r0, 1, 2).fill_(-1.0)
+        return loss, ok, torch.bmm(self._softmax_minus_onehot(G, S), Tc)
+
+    def _softmax_minus_onehot(self, G: Tensor, log_probs: Tensor) -> Tensor:
+        """softmax - onehot from the log-softmax, given G = -onehot: log_softmax's own backward kernel
+        (G - exp(log_probs) * G.sum(-1)), whose vectorised exp is ~3x faster than torch.exp on CPU (and does
+        not slow down on very negative log-probabilities, where torch.exp takes ~20x longer)."""
+        if self.inplace_log_softmax:
+            return torch.ops.aten._log_softmax_backward_data.out(G, log_probs, -1, log_probs.dtype, out=G)
+        return torch._log_softmax_backward_data(G, log_probs, -1, log_probs.dtype)
+
+    def _decoupled(self, Vc, Tc, Cc, bias, need_grad):
+        n, R, K, d = Cc.shape
+        Cf = Cc.reshape(n * R, K, d)  # a view: one run's rows, or whole contiguous runs
+        if self.dp_vecdot:
+            comp = torch.linalg.vecdot(Cf, Vc.reshape(n * R, 1, d)).view(n, R, K)  # c_k . v_mu
+        else:
+            comp = torch.bmm(Vc.reshape(n * R, 1, d), Cf.transpose(1, 2)).view(n, R, K)
+        if bias is not None:
+            comp.add_(bias)
+        tgt = torch.linalg.vecdot(Tc, Vc)
+        ok = tgt > comp.amax(-1)
+        if self.loss == "hinge2":
+            H = comp.sub_((tgt - self.margin)[..., None]).relu_()
+            loss = (H * H).sum(-1)
+            if not need_grad:
+                return loss, ok, None
+            dcomp = H.mul_(2.0)
+            dt = -dcomp.sum(-1)
+        else:  # cross-entropy over the logits [t_mu - shift, comp]
+            logits = torch.cat([(tgt - self.shift)[..., None] if self.shift else tgt[..., None], comp], -1)
+            if self.inplace_log_softmax:
+                torch.ops.aten._log_softmax.out(logits, -1, False, out=logits)
+            else:
+                logits = torch.log_softmax(logits, -1)
+            loss = -logits[..., 0]
+            if not need_grad:
+                return loss, ok, None
+            G = torch.zeros_like(logits)
+            G[..., 0] = -1.0
+            G = self._softmax_minus_onehot(G, logits)
+            dt, dcomp = G[..., 0], G[..., 1:]
+        g = torch.bmm(dcomp.reshape(n * R, 1, K), Cf).view(n, R, d)
+        return loss, ok, g.addcmul_(dt[..., None], Tc)
+
+
 def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainConfig | None = None,
           device: str | torch.device = "cpu", seed: int = 0) -> TrainOutput:
     """Train W for every problem in one batched computation.
 
-    All problems must share kind and d; p may differ (padding + masks).
+    All problems must share kind and d; p may differ (padding). A run's numbers do not depend on the other
+    runs of its batch beyond float32 rounding (tests/test_memory_solvers.py).
     """
     cfg = MemoryTrainConfig() if cfg is None else cfg
     if not isinstance(cfg, MemoryTrainConfig):
@@ -163,6 +330,7 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainCon
     E = _pad([pr.inputs() for pr in problems], P).to(dev)
     T = _pad([pr.outputs() for pr in problems], P).to(dev)
     row_valid = torch.arange(P, device=dev)[None, :] < ps[:, None]  # (B, P)
+    C_cpu = None  # decoupled: the dense competitors, generated once (training and the float64 re-check)
     if kind == "original":
         col_valid = row_valid
         C = None
@@ -171,10 +339,13 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainCon
         if need > cfg.dp_memory_gb:
             raise ValueError(f"decoupled batch needs {need:.1f} GB of competitors (> dp_memory_gb={cfg.dp_memory_gb}); "
                              "use fewer runs per batch or raise dp_memory_gb")
-        C = torch.zeros(B, P, P - 1, d)
+        C_cpu = torch.empty(B, P, P - 1, d)
         for b, pr in enumerate(problems):
-            C[b, : pr.p, : pr.p - 1] = pr.competitors(0, pr.p)
-        C = C.to(dev)
+            pr.competitors(0, pr.p, out=C_cpu[b, : pr.p, : pr.p - 1])  # generated straight into the batch
+            if pr.p < P:
+                C_cpu[b, pr.p :].zero_()
+                C_cpu[b, : pr.p, pr.p - 1 :].zero_()
+        C = C_cpu.to(dev)
         col_valid = torch.arange(P - 1, device=dev)[None, :] < (ps[:, None] - 1)  # (B, P-1)
 
     # initialisation (seeded per problem so batching does not change a run)
@@ -204,11 +375,15 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainCon
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     best_err = torch.full((B,), P + 1, dtype=torch.long, device=dev)
     last_gain = torch.zeros(B, dtype=torch.long, device=dev)
-    neg = torch.finfo(torch.float32).min / 4
-    eye = torch.eye(P, dtype=torch.bool, device=dev)[None]
     idx = torch.arange(B, device=dev)  # runs still training; tensors are re-packed when it shrinks
-    E_a, T_a, C_a, rv_a, cv_a, ps_a = E, T, C, row_valid, col_valid, ps
+    act = idx.tolist()
+    E_a, rv_a, ps_a = E, row_valid, ps
     K = cfg.active_set if cfg.active_set and cfg.active_set < P - 1 else 0
+    fused = _FusedRows(kind, T, C, [pr.p for pr in problems], cfg.loss, cfg.margin) if K == 0 else None
+    # active-set mode only: the full (b, P, P-1) competitor scores at each refresh, the loss on a gathered subset
+    T_a, C_a, cv_a = T, C, col_valid
+    neg = torch.finfo(torch.float32).min / 4
+    eye = torch.eye(P, dtype=torch.bool, device=dev)[None] if K else None
     top = None  # (b, P, K) indices of each input's strongest competitors (active-set mode)
 
     def full_scores(V):
@@ -216,7 +391,7 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainCon
             S = torch.bmm(V, T_a.transpose(1, 2))  # (b, P, P): S[b, mu, rho] = u_rho . v_mu
             S = S.masked_fill(~cv_a[:, None, :], neg)
             return torch.diagonal(S, dim1=1, dim2=2), S.masked_fill(eye, neg)
-        b_, P_, K_ = C_a.shape[:3]  # (b, P, P-1, d) @ (b, P, d) as one bmm (faster than einsum on CPU)
+        b_, P_, K_ = C_a.shape[:3]  # (b, P, P-1, d) @ (b, P, d) as one bmm
         comp = torch.bmm(C_a.reshape(b_ * P_, K_, d), V.reshape(b_ * P_, d, 1)).view(b_, P_, K_)
         return (T_a * V).sum(-1), comp.masked_fill(~cv_a[:, None, :], neg)
 
@@ -234,20 +409,26 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainCon
         return (T_a * V).sum(-1), comp.masked_fill(~valid, neg)
 
     for step in range(cfg.steps + 1):
-        W = weight()[idx]
-        V = torch.bmm(E_a, W.transpose(1, 2))  # (b, P, d): v_mu = W e_mu
-        check = K == 0 or step % cfg.refresh == 0 or step == cfg.steps
-        if K == 0:
-            tgt, comp_all = full_scores(V)
-        elif check:  # exact check on all competitors, then refresh the active set
+        last = step == cfg.steps
+        if K == 0:  # loss, check and d loss / d V in one fused pass; the gradient of W by hand (no autograd)
             with torch.no_grad():
-                tgt, comp_all = full_scores(V)
-                top = comp_all.topk(K, dim=-1).indices
+                W = weight() if len(act) == B else weight()[idx]
+                V = torch.bmm(E_a, W.transpose(1, 2))  # (b, P, d): v_mu = W e_mu
+                per_input, ok, G = fused(V, act, not last)
+            check = True
+        else:
+            W = weight()[idx]
+            V = torch.bmm(E_a, W.transpose(1, 2))
+            check = step % cfg.refresh == 0 or last
+            if check:  # exact check on all competitors, then refresh the active set
+                with torch.no_grad():
+                    tgt, comp_all = full_scores(V)
+                    top = comp_all.topk(K, dim=-1).indices
+                    ok = (tgt > comp_all.amax(-1)) & rv_a
         if not check:
             finished = torch.zeros(len(idx), dtype=torch.bool, device=dev)
         else:
             with torch.no_grad():
-                ok = (tgt > comp_all.amax(-1)) & rv_a
                 acc = ok.sum(1).float() / ps_a
                 improved = (acc >= best_acc[idx]) if not cfg.early_stop else (acc > best_acc[idx])
                 if improved.any():
@@ -260,36 +441,56 @@ def train(problems: list[MemoryProblem], kappa: float = 1.0, cfg: MemoryTrainCon
                     best_err[idx[gained]] = err[gained]
                     last_gain[idx[gained]] = step
                     finished = finished | (step - last_gain[idx] >= cfg.patience)
-                for b in idx[finished].tolist():
-                    steps[b] = step
-                done[idx[finished]] = True
-        if bool(done.all()) or step == cfg.steps:
+                any_finished = bool(finished.any())
+                if any_finished:
+                    for b in idx[finished].tolist():
+                        steps[b] = step
+                    done[idx[finished]] = True
+        if last or (check and any_finished and bool(done.all())):
             break
-        if K:  # loss on the active set only (the full set is checked at each refresh)
-            tgt, comp_all = active_scores(V)
-        if cfg.loss == "hinge2":
-            per_input = torch.relu(cfg.margin - (tgt[..., None] - comp_all)).pow(2).sum(-1)
-        else:
-            shift = cfg.margin if cfg.loss == "ce-margin" else 0.0
-            t_eff = tgt - shift
-            per_input = torch.logsumexp(torch.cat([t_eff[..., None], comp_all], -1), -1) - t_eff
-        loss_rows = (per_input * rv_a).sum(1) / ps_a  # mean loss per run
-        loss = (loss_rows * (~finished)).sum()
-        if step % DIVERGENCE_CHECK_EVERY == 0 and not bool(torch.isfinite(loss)):  # one host sync per check
-            raise diverged(float(loss.detach()), step, f"--lr {cfg.lr:g}")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if K == 0:
+            with torch.no_grad():
+                w_run = (~finished).float() / ps_a  # d loss / d per_input: each run's mean over its p inputs
+                if step % DIVERGENCE_CHECK_EVERY == 0:  # one host sync per check
+                    loss = (per_input.sum(1) * w_run).sum()
+                    if not bool(torch.isfinite(loss)):
+                        raise diverged(float(loss), step, f"--lr {cfg.lr:g}")
+                dW = torch.bmm(G.mul_(w_run[:, None, None]).transpose(1, 2), E_a)  # V = E W^T
+                if len(act) < B:
+                    dW = torch.zeros(B, d, d, device=dev).index_copy_(0, idx, dW)
+                if m == d:
+                    params[0].grad = dW
+                else:  # W = Q R^T
+                    params[0].grad = torch.bmm(dW, params[1])
+                    params[1].grad = torch.bmm(dW.transpose(1, 2), params[0])
+        else:  # loss on the active set only (the full set is checked at each refresh)
+            tgt, comp_all = active_scores(V)
+            if cfg.loss == "hinge2":
+                per_input = torch.relu(cfg.margin - (tgt[..., None] - comp_all)).pow(2).sum(-1)
+            else:
+                shift = cfg.margin if cfg.loss == "ce-margin" else 0.0
+                t_eff = tgt - shift
+                per_input = torch.logsumexp(torch.cat([t_eff[..., None], comp_all], -1), -1) - t_eff
+            loss_rows = (per_input * rv_a).sum(1) / ps_a  # mean loss per run
+            loss = (loss_rows * (~finished)).sum()
+            if step % DIVERGENCE_CHECK_EVERY == 0 and not bool(torch.isfinite(loss)):  # one host sync per check
+                raise diverged(float(loss.detach()), step, f"--lr {cfg.lr:g}")
+            loss.backward()
         opt.step()
         if sched is not None:
             sched.step()
-        if finished.any():  # re-pack the still-active runs
+        if check and any_finished:  # re-pack the still-active runs
             keep = ~finished
             idx = idx[keep]
-            E_a, T_a, rv_a, cv_a, ps_a = E_a[keep], T_a[keep], rv_a[keep], cv_a[keep], ps_a[keep]
-            C_a = C_a[keep] if C_a is not None else None
-            top = top[keep] if top is not None else None
+            act = idx.tolist()
+            E_a, rv_a, ps_a = E_a[keep], rv_a[keep], ps_a[keep]
+            if K:
+                T_a, cv_a, top = T_a[keep], cv_a[keep], top[keep]
+                C_a = C_a[keep] if C_a is not None else None
     Ws = [w.cpu() for w in best_W]
-    accs = [scores(pr, w).accuracy for pr, w in zip(problems, Ws)]  # exact float64 re-check
+    accs = [scores(pr, w, competitors=None if C_cpu is None else C_cpu[b, : pr.p, : pr.p - 1]).accuracy
+            for b, (pr, w) in enumerate(zip(problems, Ws))]  # exact float64 re-check (the same competitors)
     return TrainOutput(W=Ws, accuracy=accs, steps=steps.tolist(), W_init=W_init)
 
 

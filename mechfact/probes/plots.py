@@ -103,3 +103,49 @@ def plot_scores(result: dict, path) -> None:
     b.set_title("Spectra")
     b.legend(fontsize=6)
     save(fig, path)
+
+
+def plot_probe_regimes(models: list[dict], path) -> None:
+    """Headline probes per model of the quickstart's probe section, grouped bars with each model's chance."""
+    keys = [("r2_heldout", "superposition R^2 (held-out)"), ("readout_embed_min", "readout, worst relation"),
+            ("zero_shot_accuracy", "zero-shot swap"), ("zero_shot_control_accuracy", "zero-shot control"),
+            ("train_accuracy", "train accuracy")]
+    fig, ax = subplots(figsize=(10.0, 3.8), layout="constrained")
+    n, w = len(keys), 0.8 / len(keys)
+    x = np.arange(len(models))
+    for j, (k, label) in enumerate(keys):
+        ax.bar(x + (j - (n - 1) / 2) * w, [max(0.0, float(m[k])) for m in models], w, label=label)
+    for i, m in enumerate(models):
+        ax.plot([i - 0.42, i + 0.42], [m["chance"]] * 2, color="grey", lw=2)
+    ax.set_xticks(x)
+    ax.set_xticklabels([m["label"].replace(" (", "\n(") for m in models], fontsize=9)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("accuracy / R^2")
+    ax.legend(fontsize=8, ncol=3, loc="upper left", bbox_to_anchor=(0, -0.18))
+    save(fig, path)
+
+
+def plot_probe_ablation(models: list[dict], path) -> None:
+    """Selector ablation per relation, one panel per model (two per row): accuracy on the ablated relation, on the
+    others, and with as many random units."""
+    import math
+
+    cols = 2
+    rows = math.ceil(len(models) / cols)
+    fig, axes = subplots(rows, cols, figsize=(10.0, 2.9 * rows), squeeze=False, sharey=True, layout="constrained")
+    for ax, m in zip(axes.flat, models):
+        on, oth, rnd = m["ablation_on_relation"], m["ablation_on_others"], m["ablation_random_on_relation"]
+        x = np.arange(len(on))
+        ax.bar(x - 0.27, on, 0.27, label="ablated relation")
+        ax.bar(x, [np.nan if v is None else v for v in oth], 0.27, label="other relations")
+        ax.bar(x + 0.27, rnd, 0.27, label="random units")
+        ax.axhline(m["chance"], color="gray", ls=":", lw=1)
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"r={i}\n{k} units" for i, k in enumerate(m["n_ablated"])], fontsize=8)
+        ax.set_title(f"{m['label']}, train accuracy {m['train_accuracy']:.2f}", fontsize=10)
+        ax.set_ylim(0, 1.05)
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8, loc="lower left")
+    fig.supylabel("accuracy after ablation")
+    save(fig, path)
