@@ -197,35 +197,11 @@ def superposition_table(out: Path) -> str:
 
 
 def figure(out: Path, path: Path) -> None:
-    from mechfact.plotting import save, subplots
+    from mechfact.llm.plots import plot_families
 
-    fig, (a, b) = subplots(1, 2, figsize=(11.0, 4.0), layout="constrained")
-    for m in MODELS:
-        r = _read(out / m / "probe" / "result.json")
-        if r and r.get("mean_per_layer"):
-            pts = [p for p in r["mean_per_layer"] if p["group"] == "all"]
-            x = [p["layer"] / max(1, r["n_layers"] - 1) for p in pts]
-            a.plot(x, [p["mean_readout_accuracy"] for p in pts], "o-", ms=2.5, color=COLORS[m], label=f"{m} readout")
-            a.plot(x, [p["mean_control_accuracy"] for p in pts], "--", color=COLORS[m], lw=0.8,
-                   label=f"{m} shuffled control")
-        s = _read(out / m / "superposition" / "result.json")
-        if s:
-            n = max(x["layer"] for x in s["per_layer"])
-            xs = [x["layer"] / max(1, n) for x in s["per_layer"]]
-            b.plot(xs, [x["decodability"]["countries_continent"]["accuracy"] for x in s["per_layer"]], "o-", ms=2.5,
-                   color=COLORS[m], label=f"{m}: continent decodable")
-            b.plot(xs, [x["r2_heldout"] for x in s["per_layer"]], "s:", ms=2, color=COLORS[m],
-                   label=f"{m}: superposition R^2")
-    a.set_xlabel("relative depth (layer / last layer)")
-    a.set_ylabel("mean held-out readout accuracy (14 relations)")
-    a.set_ylim(-0.02, 1.02)
-    a.set_title("Readout of the object from the subject state (3-shot prompts)", fontsize=9)
-    a.legend(fontsize=6)
-    b.axhline(0, color="k", lw=0.5)
-    b.set_xlabel("relative depth")
-    b.set_title("Countries from the bare subject: decodable vs superposition R^2", fontsize=9)
-    b.legend(fontsize=6)
-    save(fig, path)
+    runs = {m: {"probe": _read(out / m / "probe" / "result.json"),
+                "superposition": _read(out / m / "superposition" / "result.json")} for m in MODELS}
+    plot_families({m: r for m, r in runs.items() if r["probe"] or r["superposition"]}, path)
 
 
 def main(argv=None) -> None:

@@ -173,3 +173,38 @@ def test_report_rounds_numbers_and_refuses_unknown_verdicts():
     with pytest.raises(ValueError):
         Claim("c", "s", "p", "m", "probably")
     assert {NOT_FAST, NOT_RUN} <= set(VERDICTS)
+
+
+def test_quickstart_families_flag_names_unknown_models(tmp_path, capsys):
+    assert main(["quickstart", "--fast", "--families", "llama-9000", "--out", str(tmp_path / "q"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--families llama-9000: unknown model" in err[0] and "gemma3-270m" in err[0], err
+    assert not (tmp_path / "q" / "report.html").exists()
+
+
+@pytest.mark.slow
+def test_families_side_by_side_section(tmp_path):
+    """With another family installed, the LLM part gains a side-by-side section: one row per model, its
+    figure, and each added model's readout and superposition verdicts."""
+    from mechfact.llm import registry
+    from mechfact.quickstart import Part, _families, _installed_families
+
+    other = "gemma3-270m"
+    if other not in _installed_families(True):
+        pytest.skip(f"{other} not installed: {registry.MODELS[other].install}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        part = _families(tmp_path, ["smollm2-135m", other], {}, Part([], []), device=torch.device("cpu"), seed=0,
+                         fast=True)
+    finally:
+        torch.set_num_threads(threads)
+    (sec,) = part.sections
+    assert sec.anchor == "families"
+    (caption, rows), = sec.tables
+    assert [r["d_model"] for r in rows] == [576, 640] and [r["layers"] for r in rows] == [30, 18]
+    for r in rows:  # the many-to-one relations read out far above chance in both families (--fast sizes)
+        acc = [float(r[k].split(" @ ")[0]) for k in ("animal_class", "country_continent")]
+        assert max(acc) >= 0.6, r
+    assert (tmp_path / "figures" / "llm_families.png").stat().st_size > 10_000
+    assert len(part.claims) == 4 and all(c.section == "families" for c in part.claims)
