@@ -53,7 +53,7 @@ def plot_capacity(result: dict, path) -> None:
         if fit:
             xs = np.linspace(0, max(t[xname] for t in rows) * 1.05, 50)
             ax.plot(xs, fit["slope"] * xs + fit["intercept"], "--", color=c, lw=1,
-                    label=f"{emb} fit: slope {fit['slope']:.3g}" + (f", R2 {fit['r2']:.2f}" if fit["r2"] is not None else ""))
+                    label=f"{emb} fit: slope {0.0 if abs(fit['slope']) < 1e-9 else fit['slope']:.3g}" + (f", R2 {fit['r2']:.2f}" if fit["r2"] is not None else ""))
         missing = [t for t in rows if t["median_threshold"] is None]
         for t in missing:
             ax.axvline(t[xname], color=c, ls=":", lw=1)
