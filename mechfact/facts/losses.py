@@ -107,5 +107,7 @@ def linear_squared_error(h: Tensor, W: Tensor, targets: Tensor, target_logit: fl
     """
     _check_shapes("linear_squared_error", h, W, targets)
     gram = W @ W.T
-    target = (h * W.T[targets]).sum(-1)
+    # index_select, not W.T[targets]: the backward of advanced indexing (index_put with accumulation over repeated
+    # targets) is not deterministic on CPU with several threads; index_select's (index_add) is
+    target = (h * torch.index_select(W.T, 0, targets)).sum(-1)
     return ((h @ gram) * h).sum(-1).mean() - 2 * target_logit * target.mean() + target_logit ** 2
