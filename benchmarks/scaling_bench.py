@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# about 2.5 minutes on one thread: Ray's fixed cost (runtime start, workers importing torch, shutdown: 5-7 s
+# about 2 minutes on one thread: Ray's fixed cost (runtime start, workers importing torch, shutdown: 5-7 s
 # measured here) is paid once per command, so a sweep of a few seconds measures that cost, not the speed-up
 SWEEP = ["memory", "sweep", "--d", "48", "64", "--points", "16", "--seeds", "4", "--steps", "2000", "--quiet"]
 GOAL = 1.7
