@@ -211,3 +211,36 @@ def test_bad_device_map_exits_2(value, needle, tiny, tmp_path, capsys):
                  "--out", str(tmp_path / "o"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_llm_lre_relations_on_ray_equal_the_local_run(tmp_path):
+    """`llm lre --executor ray`: one task per relation, each worker loading the model itself; the driver writes
+    the local run's result.json byte for byte (rows in relation order, whichever finished first)."""
+    from llm_tiny import build_model, write_relations
+
+    model, rels = build_model("llama", tmp_path / "llama"), write_relations(tmp_path / "rels")
+    argv = ["llm", "lre", "--model", str(model), "--relations", str(rels), "--layer", "1", "--n-train", "2",
+            "--facts", "all", "--rank", "8", "--trials", "2", "--device", "cpu", "--quiet"]
+    env = {**os.environ, "TQDM_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
+    for name, extra in (("local", ["--threads", "1"]), ("ray", ["--executor", "ray", "--workers", "2"])):
+        r = subprocess.run([sys.executable, "-m", "mechfact.cli", *argv, *extra, "--out", str(tmp_path / name)],
+                           capture_output=True, text=True, timeout=300,
+                           env={**env, "MECHFACT_CACHE": str(tmp_path / f"cache_{name}")})  # each computes its states
+        assert r.returncode == 0, r.stderr
+    _same_results(tmp_path / "local", tmp_path / "ray")
+    result = json.loads((tmp_path / "ray" / "result.json").read_text())
+    assert [x["relation"] for x in result["per_relation"]] == ["tiny_capital", "tiny_colour"]
+    assert all(x["faithfulness"] is not None for x in result["per_relation"])
+
+
+def test_llm_lre_refuses_an_in_memory_model_on_ray(tmp_path):
+    from llm_tiny import build_model, write_relations
+
+    from mechfact.llm.lre import LreConfig, run_llm_lre
+    from mechfact.llm.loading import load_model
+
+    lm = load_model(str(build_model("llama", tmp_path / "llama")))
+    cfg = LreConfig(relations=str(write_relations(tmp_path / "rels")), layer=1, n_train=2, facts="all", rank=8)
+    with pytest.raises(ValueError, match="workers load the model by name"):
+        run_llm_lre(cfg, tmp_path / "o", lm=lm, executor=RayExecutor(workers=1, progress=False))
+    assert not (tmp_path / "o").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import UsageError, common_args, finite_float
+from ..cli import UsageError, common_args, executor_args, finite_float, make_executor_from
 from ..llm.loading import DTYPES
 from ..llm.probe import POSITIONS, SITES
 from ..llm.superposition import ATTRIBUTES
@@ -104,6 +104,7 @@ def register(subparsers) -> dict:
                    "averaged (default 3)")
     p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256 (default 16..256 + full)")
     common_args(p)
+    executor_args(p)  # one job per relation; each Ray worker loads the model itself
 
     p = sub.add_parser("models", help="the packaged pretrained models: short name, installed or not, install line")
     p.set_defaults(out=None, device="cpu", seed=0, threads=None, quiet=True)
@@ -178,5 +179,9 @@ def _run_llm(a) -> None:
         cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, layers=layers, beta=a.beta, rank=a.rank,
                           n_train=a.n_train, facts=a.facts, max_test=a.max_test, protocol=a.protocol,
                           n_trials=a.trials, ranks=ranks, **prompt_options(a))
-        L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
+        executor = make_executor_from(a, "llm lre: relations")
+        try:
+            L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress, executor=executor)
+        finally:
+            executor.close()
     print(f"results written to {a.out}")

@@ -42,6 +42,7 @@ stops right after the last block (no unembedding).
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -580,15 +581,37 @@ def _check_template(rel: Relation, template: int) -> None:
         raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
 
 
+_WORKER_MODEL: dict = {}  # a Ray worker's loaded model, kept for the next relation it runs
+
+
+def _relation_job(cfg: LreConfig, rel: Relation, layers: list[int], seed: int, device: str) -> list[dict]:
+    """One relation's rows, in a worker process that loads ``cfg.model`` once (an executor job's body)."""
+    key = (cfg.model, device, cfg.dtype)
+    if key not in _WORKER_MODEL:
+        _WORKER_MODEL.clear()
+        _WORKER_MODEL[key] = load_model(cfg.model, device=device, dtype=cfg.dtype)
+    rows, _ = _evaluate(_WORKER_MODEL[key], rel, cfg, layers, seed, False)
+    return rows
+
+
 def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,
-                lm: LanguageModel | None = None, progress: bool = False) -> dict:
+                lm: LanguageModel | None = None, progress: bool = False, executor=None) -> dict:
     """:func:`lre` for every relation, as a run directory (rows written as relations finish; resumes).
 
     With ``layers`` (a sweep), ``per_relation`` holds each relation at its best layer (``best_layer``,
     ``by_layer``) and ``per_relation_layer`` every (relation, layer) row.
+
+    ``executor``: None or a local executor runs the relations one after another in this process; a Ray executor
+    (:func:`mechfact.executor.make_executor`) runs one task per relation, each worker loading ``cfg.model``
+    itself (once per worker process) with one thread; the driver alone writes result.json, rows in relation
+    order whatever order they finish in, so the file is the local one byte for byte.
     """
     from . import plots
 
+    remote = executor is not None and not getattr(executor, "in_process", True)
+    if remote and lm is not None:
+        raise ValueError("llm lre --executor ray: the workers load the model by name (cfg.model); an in-memory "
+                         "model runs with the local executor")
     rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = _layers_of(lm, cfg)
@@ -599,16 +622,30 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
                               else None, "layers": layers, "config": cfg.to_dict(), "per_relation": [],
                               "per_relation_layer": []})
     done = {r["relation"] for r in result["per_relation"]}
-    for rel in tqdm(rels, desc="relations", **({} if progress else {"disable": True})):
-        if rel.name in done:
-            continue
-        rows, _ = _evaluate(lm, rel, cfg, layers, seed, progress)
+    order = {r.name: i for i, r in enumerate(rels)}
+
+    def add(name: str, rows: list[dict]) -> None:
         row = best_layer_row(rows)
-        logger.info("%s: known %d, test %d, layer %s, faithfulness %s, causality %s", rel.name, row["n_known"],
+        logger.info("%s: known %d, test %d, layer %s, faithfulness %s, causality %s", name, row["n_known"],
                     row["n_test"], row["layer"], row["faithfulness"], row["causality"])
         result["per_relation"].append(row)
         result["per_relation_layer"] += rows
+        for key in ("per_relation", "per_relation_layer"):  # relation order (stable: a sweep's layers stay in order)
+            result[key].sort(key=lambda x: order.get(x["relation"], len(order)))
         run.write_result(result)
+
+    todo = [rel for rel in rels if rel.name not in done]
+    if remote:
+        from ..executor import Job
+
+        dev = str(lm.device)
+        jobs = [Job(key=rel.name, fn=functools.partial(_relation_job, cfg, rel, layers, seed, dev),
+                    cost=float(len(rel))) for rel in todo]
+        executor.map(jobs, lambda job, rows: add(job.key, rows))
+    else:
+        for rel in tqdm(todo, desc="relations", **({} if progress else {"disable": True})):
+            rows, _ = _evaluate(lm, rel, cfg, layers, seed, progress)
+            add(rel.name, rows)
     vals = [r for r in result["per_relation"] if r["faithfulness"] is not None]
     result["mean_faithfulness"] = float(np.mean([r["faithfulness"] for r in vals])) if vals else None
     cv = [r["causality"] for r in vals if r["causality"] is not None]
