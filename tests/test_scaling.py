@@ -213,14 +213,16 @@ def test_bad_device_map_exits_2(value, needle, tiny, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and needle in err, err
 
 
-def test_llm_lre_relations_on_ray_equal_the_local_run(tmp_path):
-    """`llm lre --executor ray`: one task per relation, each worker loading the model itself; the driver writes
-    the local run's result.json byte for byte (rows in relation order, whichever finished first)."""
+@pytest.mark.parametrize("command", ["lre", "probe"])
+def test_llm_relations_on_ray_equal_the_local_run(command, tmp_path):
+    """`llm lre|probe --executor ray`: one task per relation, each worker loading the model itself; the driver
+    writes the local run's result.json byte for byte (rows in relation order, whichever finished first)."""
     from llm_tiny import build_model, write_relations
 
     model, rels = build_model("llama", tmp_path / "llama"), write_relations(tmp_path / "rels")
-    argv = ["llm", "lre", "--model", str(model), "--relations", str(rels), "--layer", "1", "--n-train", "2",
-            "--facts", "all", "--rank", "8", "--trials", "2", "--device", "cpu", "--quiet"]
+    argv = ["llm", command, "--model", str(model), "--relations", str(rels), "--device", "cpu", "--quiet"]
+    argv += (["--layer", "1", "--n-train", "2", "--facts", "all", "--rank", "8", "--trials", "2"] if command == "lre"
+             else ["--layers", "all", "--k-shot", "2", "--splits", "1"])
     env = {**os.environ, "TQDM_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
     for name, extra in (("local", ["--threads", "1"]), ("ray", ["--executor", "ray", "--workers", "2"])):
         r = subprocess.run([sys.executable, "-m", "mechfact.cli", *argv, *extra, "--out", str(tmp_path / name)],
@@ -229,8 +231,12 @@ def test_llm_lre_relations_on_ray_equal_the_local_run(tmp_path):
         assert r.returncode == 0, r.stderr
     _same_results(tmp_path / "local", tmp_path / "ray")
     result = json.loads((tmp_path / "ray" / "result.json").read_text())
-    assert [x["relation"] for x in result["per_relation"]] == ["tiny_capital", "tiny_colour"]
-    assert all(x["faithfulness"] is not None for x in result["per_relation"])
+    rows = result["per_relation"] if command == "lre" else result["relations"]
+    assert [x["relation"] for x in rows] == ["tiny_capital", "tiny_colour"]
+    if command == "lre":
+        assert all(x["faithfulness"] is not None for x in rows)
+    else:
+        assert len(result["per_layer"]) == 2 * 3 and result["best_layers"]
 
 
 def test_llm_lre_refuses_an_in_memory_model_on_ray(tmp_path):
@@ -241,6 +247,6 @@ def test_llm_lre_refuses_an_in_memory_model_on_ray(tmp_path):
 
     lm = load_model(str(build_model("llama", tmp_path / "llama")))
     cfg = LreConfig(relations=str(write_relations(tmp_path / "rels")), layer=1, n_train=2, facts="all", rank=8)
-    with pytest.raises(ValueError, match="workers load the model by name"):
+    with pytest.raises(ValueError, match="workers load the model by name"):  # before anything is written
         run_llm_lre(cfg, tmp_path / "o", lm=lm, executor=RayExecutor(workers=1, progress=False))
     assert not (tmp_path / "o").exists()

@@ -82,6 +82,7 @@ def register(subparsers) -> dict:
     _model_args(p)
     readout_args(p)
     common_args(p)
+    executor_args(p)  # one job per relation; each Ray worker loads the model itself
 
     p = sub.add_parser("lre", help="linear relational embeddings: faithfulness and causality")
     _model_args(p)
@@ -169,8 +170,12 @@ def _run_llm(a) -> None:
                                   dtype=a.dtype, batch_size=a.batch_size, cache_states=not a.no_state_cache)
         run_llm_superposition(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
     elif a.llm_sub == "probe":
-        P.run_llm_probe(probe_config(a, a.model, a.relations), a.out, device=a.device_obj, seed=a.seed,
-                        progress=progress)
+        executor = make_executor_from(a, "llm probe: relations")
+        try:
+            P.run_llm_probe(probe_config(a, a.model, a.relations), a.out, device=a.device_obj, seed=a.seed,
+                            progress=progress, executor=executor)
+        finally:
+            executor.close()
     else:
         ranks = None if a.ranks is None else _layers(a.ranks)
         layers = None if a.layers is None else _layers(a.layers)

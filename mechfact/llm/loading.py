@@ -765,3 +765,25 @@ def _hub_folder(name: str) -> Path | None:
     except Exception:  # noqa: BLE001 - only a better message is at stake
         return None
     return Path(cached).parent if isinstance(cached, str) else None
+
+
+_WORKER_MODEL: dict = {}  # an executor worker's loaded model, kept for the next job it runs
+
+
+def worker_model(model: str, device: str, dtype: str) -> "LanguageModel":
+    """The model an executor job (a Ray task, in its own worker process) runs on: loaded by name once per
+    worker process and kept for its next job (one model at a time)."""
+    key = (str(model), str(device), str(dtype))
+    if key not in _WORKER_MODEL:
+        _WORKER_MODEL.clear()
+        _WORKER_MODEL[key] = load_model(model, device=device, dtype=dtype)
+    return _WORKER_MODEL[key]
+
+
+def check_remote(executor, lm) -> bool:
+    """True when ``executor`` runs jobs in other processes (Ray); refuses an in-memory model there."""
+    remote = executor is not None and not getattr(executor, "in_process", True)
+    if remote and lm is not None:
+        raise ValueError("--executor ray: the workers load the model by name (the config's model); an in-memory "
+                         "model runs with the local executor")
+    return remote

@@ -56,7 +56,7 @@ from ..config import DictConfig, check_choice, check_float, check_int, check_int
 from ..probes.queries import ProbeSet
 from ..runs import RunDir
 from ..seeding import derive_seed
-from .loading import LanguageModel, load_model
+from .loading import LanguageModel, check_remote, load_model, worker_model
 from .probe import ProbeConfig, check_prompt_options, relation_states
 from .relations import Relation, as_relations
 
@@ -581,16 +581,9 @@ def _check_template(rel: Relation, template: int) -> None:
         raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
 
 
-_WORKER_MODEL: dict = {}  # a Ray worker's loaded model, kept for the next relation it runs
-
-
 def _relation_job(cfg: LreConfig, rel: Relation, layers: list[int], seed: int, device: str) -> list[dict]:
-    """One relation's rows, in a worker process that loads ``cfg.model`` once (an executor job's body)."""
-    key = (cfg.model, device, cfg.dtype)
-    if key not in _WORKER_MODEL:
-        _WORKER_MODEL.clear()
-        _WORKER_MODEL[key] = load_model(cfg.model, device=device, dtype=cfg.dtype)
-    rows, _ = _evaluate(_WORKER_MODEL[key], rel, cfg, layers, seed, False)
+    """One relation's rows in an executor worker (which loads ``cfg.model`` once)."""
+    rows, _ = _evaluate(worker_model(cfg.model, device, cfg.dtype), rel, cfg, layers, seed, False)
     return rows
 
 
@@ -608,10 +601,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
     """
     from . import plots
 
-    remote = executor is not None and not getattr(executor, "in_process", True)
-    if remote and lm is not None:
-        raise ValueError("llm lre --executor ray: the workers load the model by name (cfg.model); an in-memory "
-                         "model runs with the local executor")
+    remote = check_remote(executor, lm)
     rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = _layers_of(lm, cfg)

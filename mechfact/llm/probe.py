@@ -22,6 +22,7 @@ run directory, relation by relation.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from ..probes.queries import PADDING, ProbeSet, Site, collect, pad_batch
 from ..probes.readout import linear_readout, split_indices, stratified_split_indices
 from ..runs import RunDir
 from ..seeding import derive_seed
-from .loading import DTYPES, LanguageModel, load_model
+from .loading import DTYPES, LanguageModel, check_remote, load_model, worker_model
 from .prompts import POSITIONS as PROMPT_POSITIONS
 from .prompts import build_prompts, object_token_ids
 from .relations import Relation, as_relations
@@ -300,12 +301,21 @@ def layer_readout(lm: LanguageModel, relations=None, layers="all", *, seed: int 
     return LayerReadoutResult(**result)
 
 
+def _probe_job(cfg: ProbeConfig, rel: Relation, layers, seed: int, device: str) -> tuple[dict, list[dict]]:
+    """One relation's record and rows in an executor worker (which loads ``cfg.model`` once)."""
+    return _probe_relation(worker_model(cfg.model, device, cfg.dtype), rel, cfg, layers, seed, False)
+
+
 def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,
-                  lm: LanguageModel | None = None, progress: bool = False, kind: str = "llm.probe") -> dict:
+                  lm: LanguageModel | None = None, progress: bool = False, kind: str = "llm.probe",
+                  executor=None) -> dict:
     """:func:`layer_readout` as a run directory: config.json, result.json (per relation as it finishes), meta.json,
-    fig_*.png. Resumes: relations already in ``out/result.json`` are skipped. ``lm`` reuses a loaded model."""
+    fig_*.png. Resumes: relations already in ``out/result.json`` are skipped. ``lm`` reuses a loaded model.
+    ``executor``: a Ray executor runs one task per relation, each worker loading ``cfg.model`` once; rows are
+    kept in relation order, so result.json is the local run's whatever order relations finish in."""
     from . import plots
 
+    remote = check_remote(executor, lm)
     rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = None if cfg.layers is None else [lm.check_layer(int(l), "--layers") for l in cfg.layers]
@@ -313,13 +323,25 @@ def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | s
     run = RunDir(out, cfg, kind=kind, seed=seed, device=str(lm.device), model_id=lm.model_id)
     result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "relations": [], "per_layer": []})
     done = {r["relation"] for r in result["relations"]}
-    for rel in rels:
-        if rel.name in done:
-            continue
-        record, rows = _probe_relation(lm, rel, cfg, layers, seed, progress)
+    order = {r.name: i for i, r in enumerate(rels)}
+
+    def add(record: dict, rows: list[dict]) -> None:
         result["relations"].append(record)
         result["per_layer"].extend(rows)
+        for key in ("relations", "per_layer"):  # relation order (stable: layers stay in order)
+            result[key].sort(key=lambda x: order.get(x["relation"], len(order)))
         run.write_result(result)
+
+    todo = [rel for rel in rels if rel.name not in done]
+    if remote:
+        from ..executor import Job
+
+        dev = str(lm.device)
+        executor.map([Job(key=rel.name, fn=functools.partial(_probe_job, cfg, rel, layers, seed, dev),
+                          cost=float(len(rel))) for rel in todo], lambda job, value: add(*value))
+    else:
+        for rel in todo:
+            add(*_probe_relation(lm, rel, cfg, layers, seed, progress))
     result["mean_per_layer"] = mean_curves(result)
     result["best_layers"] = best_layers(result)
     run.write_result(result)
