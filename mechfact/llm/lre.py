@@ -57,7 +57,7 @@ from ..probes.queries import ProbeSet
 from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import LanguageModel, check_remote, load_model, worker_model
-from .probe import ProbeConfig, check_prompt_options, relation_states
+from .probe import ProbeConfig, check_prompt_options, map_relations, relation_states
 from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
@@ -581,7 +581,7 @@ def _check_template(rel: Relation, template: int) -> None:
         raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
 
 
-def _relation_job(cfg: LreConfig, rel: Relation, layers: list[int], seed: int, device: str) -> list[dict]:
+def _relation_job(cfg: LreConfig, layers: list[int], seed: int, rel: Relation, device: str) -> list[dict]:
     """One relation's rows in an executor worker (which loads ``cfg.model`` once)."""
     rows, _ = _evaluate(worker_model(cfg.model, device, cfg.dtype), rel, cfg, layers, seed, False)
     return rows
@@ -601,7 +601,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
     """
     from . import plots
 
-    remote = check_remote(executor, lm)
+    check_remote(executor, lm)  # before anything is loaded or written
     rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = _layers_of(lm, cfg)
@@ -625,17 +625,13 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
         run.write_result(result)
 
     todo = [rel for rel in rels if rel.name not in done]
-    if remote:
-        from ..executor import Job
+    with tqdm(total=len(todo), desc="relations", disable=not progress or check_remote(executor, None)) as bar:
+        def local(rel):
+            rows = _evaluate(lm, rel, cfg, layers, seed, progress)[0]
+            bar.update()
+            return rows
 
-        dev = str(lm.device)
-        jobs = [Job(key=rel.name, fn=functools.partial(_relation_job, cfg, rel, layers, seed, dev),
-                    cost=float(len(rel))) for rel in todo]
-        executor.map(jobs, lambda job, rows: add(job.key, rows))
-    else:
-        for rel in tqdm(todo, desc="relations", **({} if progress else {"disable": True})):
-            rows, _ = _evaluate(lm, rel, cfg, layers, seed, progress)
-            add(rel.name, rows)
+        map_relations(todo, executor, lm, local, functools.partial(_relation_job, cfg, layers, seed), add)
     vals = [r for r in result["per_relation"] if r["faithfulness"] is not None]
     result["mean_faithfulness"] = float(np.mean([r["faithfulness"] for r in vals])) if vals else None
     cv = [r["causality"] for r in vals if r["causality"] is not None]

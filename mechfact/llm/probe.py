@@ -301,7 +301,22 @@ def layer_readout(lm: LanguageModel, relations=None, layers="all", *, seed: int 
     return LayerReadoutResult(**result)
 
 
-def _probe_job(cfg: ProbeConfig, rel: Relation, layers, seed: int, device: str) -> tuple[dict, list[dict]]:
+def map_relations(todo: list[Relation], executor, lm: LanguageModel, local, job, on_result) -> None:
+    """Each relation of ``todo`` once, ``on_result(name, value)`` as it finishes: ``local(rel)`` in this process,
+    or, with a Ray executor, ``job(rel, lm's device)`` as one task per relation, the largest relations first;
+    ``job`` loads the model through :func:`worker_model` (picklable: a partial of a module-level function)."""
+    if check_remote(executor, None):
+        from ..executor import Job
+
+        dev = str(lm.device)
+        executor.map([Job(key=rel.name, fn=functools.partial(job, rel, dev), cost=float(len(rel))) for rel in todo],
+                     lambda j, value: on_result(j.key, value))
+        return
+    for rel in todo:
+        on_result(rel.name, local(rel))
+
+
+def _probe_job(cfg: ProbeConfig, layers, seed: int, rel: Relation, device: str) -> tuple[dict, list[dict]]:
     """One relation's record and rows in an executor worker (which loads ``cfg.model`` once)."""
     return _probe_relation(worker_model(cfg.model, device, cfg.dtype), rel, cfg, layers, seed, False)
 
@@ -315,7 +330,7 @@ def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | s
     kept in relation order, so result.json is the local run's whatever order relations finish in."""
     from . import plots
 
-    remote = check_remote(executor, lm)
+    check_remote(executor, lm)  # before anything is loaded or written
     rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = None if cfg.layers is None else [lm.check_layer(int(l), "--layers") for l in cfg.layers]
@@ -325,23 +340,17 @@ def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | s
     done = {r["relation"] for r in result["relations"]}
     order = {r.name: i for i, r in enumerate(rels)}
 
-    def add(record: dict, rows: list[dict]) -> None:
+    def add(name: str, value: tuple[dict, list[dict]]) -> None:
+        record, rows = value
         result["relations"].append(record)
         result["per_layer"].extend(rows)
         for key in ("relations", "per_layer"):  # relation order (stable: layers stay in order)
             result[key].sort(key=lambda x: order.get(x["relation"], len(order)))
         run.write_result(result)
 
-    todo = [rel for rel in rels if rel.name not in done]
-    if remote:
-        from ..executor import Job
-
-        dev = str(lm.device)
-        executor.map([Job(key=rel.name, fn=functools.partial(_probe_job, cfg, rel, layers, seed, dev),
-                          cost=float(len(rel))) for rel in todo], lambda job, value: add(*value))
-    else:
-        for rel in todo:
-            add(*_probe_relation(lm, rel, cfg, layers, seed, progress))
+    map_relations([rel for rel in rels if rel.name not in done], executor, lm,
+                  lambda rel: _probe_relation(lm, rel, cfg, layers, seed, progress),
+                  functools.partial(_probe_job, cfg, layers, seed), add)
     result["mean_per_layer"] = mean_curves(result)
     result["best_layers"] = best_layers(result)
     run.write_result(result)
