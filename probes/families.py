@@ -7,18 +7,22 @@ What it runs, per packaged model (``mechfact llm models``; install lines in the 
 
 * ``mechfact llm probe --layers all --k-shot 3 --max-samples 40`` (the 14 shipped relations);
 * ``mechfact llm lre --relations ../shared/data/lre/{factual,linguistic} --max-samples 50 --max-test 10``
-  (the authors' protocol, 3 trials, every one of their 32 relations at the middle layer; external data, read in
-  place), and a layer sweep (``--layers``, 2 trials) on the relations of ``SWEEP``;
+  (the authors' protocol, 3 trials (1 where ``TRIALS`` says so), every one of their 32 relations at the middle
+  layer; external data, read in place), and a layer sweep (``--layers``, 1 trial, 3-set known filter) on the
+  relations of ``SWEEP`` for ``SWEEP_MODELS``;
 * ``mechfact llm superposition`` on the shipped countries at every ``STRIDE``-th layer, 2 splits.
 
 Run folders: ``runs/fam/<model>/{probe,lre_authors_factual,lre_authors_linguistic,lre_layers_<part>,superposition}``.
-Reruns skip finished runs (and a stopped run resumes relation by relation).
+Reruns skip finished runs (and a stopped run resumes relation by relation). ``--previous docs/results_llm.md``
+fills the LRE cells of runs that are not in ``--out`` from the tables of an earlier write-up (the record of runs
+made on another machine), so the table and figure cover every family.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +31,13 @@ import numpy as np
 
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")
 PARTS = ("factual", "linguistic")  # folders of ../shared/data/lre
-SWEEP = {"factual": ("country capital city", "plays pro sport", "person occupation"),
+SWEEP = {"factual": ("country capital city", "person native language", "landmark on continent"),
          "linguistic": ("adjective comparative", "word first letter")}
+# trials of the LRE estimate where 3 did not fit the time: the known filter keeps 3 example sets (--filter-trials 3),
+# so the known facts and the one trial are those of the 3-trial run (Qwen's factual part: ~45 s a Jacobian)
+ONE_TRIAL = ["--trials", "1", "--filter-trials", "3"]
+TRIALS = {("qwen2.5-0.5b", "factual"): ONE_TRIAL}
+SWEEP_MODELS = ("smollm2-135m", "gemma3-270m")  # Qwen's sweep: ~4 h on one CPU core, not run
 SWEEP_LAYERS = {"smollm2-135m": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15", "qwen2.5-0.5b": "2,7,12,16,20"}
 STRIDE = {"smollm2-135m": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
           "qwen2.5-0.5b": "0,3,6,9,12,15,18,21,23"}
@@ -64,11 +73,12 @@ def run(out: Path) -> None:
                                       "--max-samples", "40"])]
         lre = ["llm", "lre", "--model", m, "--max-samples", "50", "--max-test", "10"]
         for part in PARTS:
-            jobs.append((out / m / f"lre_authors_{part}", lre + ["--relations", str(LRE_DATA / part), "--trials", "3"]))
-        for part in PARTS:
+            jobs.append((out / m / f"lre_authors_{part}", lre + ["--relations", str(LRE_DATA / part),
+                                                                  *TRIALS.get((m, part), ["--trials", "3"])]))
+        for part in PARTS if m in SWEEP_MODELS else ():
             jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(LRE_DATA / part), "--relation-names",
                                                                  *SWEEP[part], "--layers", SWEEP_LAYERS[m],
-                                                                 "--trials", "2"]))
+                                                                 *ONE_TRIAL]))
         jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
                                                  "--splits", "2"]))
         for folder, argv in jobs:
@@ -101,6 +111,43 @@ def _lre_rows(out: Path, m: str, kind: str = "authors") -> dict[str, dict]:
     return rows
 
 
+_CELL = re.compile(r"(?P<k>\d+)/(?P<n>\d+)(?::| known:) (?:F (?P<f>[\d.]+) \(β (?P<b>[\d.]+)\), "
+                   r"C (?:(?P<c>[\d.]+) \(r (?P<r>\d+)\)|—)|too few known|skipped)")
+
+
+def parse_cell(cell: str) -> dict | None:
+    """The numbers of one cell written by :func:`_lre_cell` (None for 'not run'); ValueError for anything else."""
+    cell = cell.strip()
+    if cell == "not run":
+        return None
+    m = _CELL.fullmatch(cell)
+    if m is None:
+        raise ValueError(f"LRE table cell {cell!r}: not in the form '12/27: F 0.76 (β 3), C 0.38 (r 32)'")
+    num = lambda k, t=float: None if m[k] is None else t(m[k])  # noqa: E731
+    return {"n_known": int(m["k"]), "n_samples": int(m["n"]), "faithfulness": num("f"), "faithfulness_best_beta": num("f"),
+            "best_beta": num("b"), "causality_best_rank": num("c"), "best_rank": num("r", int), "previous": True}
+
+
+def previous_lre(text: str) -> dict[str, dict[str, dict]]:
+    """{model: {relation: parsed cell}} from every LRE table (header '| relation | <model> (layer N) |...') of a
+    markdown write-up; a relation in several tables keeps its first cell that is not 'not run'."""
+    out: dict[str, dict[str, dict]] = {m: {} for m in MODELS}
+    cols = None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells and cells[0] == "relation":
+            cols = [next((m for m in MODELS if c.startswith(f"{m} (layer ")), None) for c in cells[1:]]
+            cols = cols if any(cols) else None
+        elif cells is None:
+            cols = None
+        elif cols and not set(cells[0]) <= set("-"):
+            for m, cell in zip(cols, cells[1:]):
+                x = parse_cell(cell) if m else None
+                if x is not None and cells[0] not in out[m]:
+                    out[m][cells[0]] = {**x, "relation": cells[0]}
+    return out
+
+
 def _lre_cell(x: dict | None) -> str:
     if x is None:
         return "not run"
@@ -111,10 +158,26 @@ def _lre_cell(x: dict | None) -> str:
     return f"{known}: F {x['faithfulness_best_beta']:.2f} (β {x['best_beta']:g}), C {c}"
 
 
-def lre_table(out: Path) -> str:
-    """Every relation of the authors' dataset: known facts, faithfulness at the best beta, causality at the best
-    rank, per model (middle layer), beside what the authors published for GPT-J (``PUBLISHED``)."""
+def _lre_all(out: Path, previous: dict | None) -> dict[str, dict[str, dict]]:
+    """Per model, the rows of the runs in ``out``, and where a relation has no run there, its previous cell."""
     res = {m: _lre_rows(out, m) for m in MODELS}
+    parts = {n: x["part"] for r in res.values() for n, x in r.items()}
+    for m, rows in (previous or {}).items():
+        for n, x in rows.items():
+            res[m].setdefault(n, {**x, "part": parts.get(n, "linguistic" if n in LINGUISTIC else "factual")})
+    return res
+
+
+LINGUISTIC = ("adjective antonym", "adjective comparative", "adjective superlative", "verb past tense",
+              "word first letter", "word last letter")
+
+
+def lre_table(out: Path, previous: dict | None = None, part: str | None = None) -> str:
+    """Every relation of the authors' dataset (or of one ``part``): known facts, faithfulness at the best beta,
+    causality at the best rank, per model (middle layer), beside what the authors published (``PUBLISHED``)."""
+    res = _lre_all(out, previous)
+    if part is not None:
+        res = {m: {n: x for n, x in r.items() if x["part"] == part} for m, r in res.items()}
     names = sorted({n for r in res.values() for n in r}, key=lambda n: (next(r[n]["part"] for r in res.values()
                                                                               if n in r), n))
     rows = ["| relation | " + " | ".join(f"{m} (layer {LRE_LAYER[m]})" for m in MODELS)
@@ -126,10 +189,13 @@ def lre_table(out: Path) -> str:
         xs = [x for x in res[m].values() if x["faithfulness"] is not None]
         if xs:
             cs = [x["causality_best_rank"] for x in xs if x.get("causality_best_rank") is not None]
+            ran = [x for x in xs if x.get("causality_by_rank")]  # full-rank numbers: runs in --out only
+            full = (f"; at full rank ({len(ran)} of them) the authors' edit "
+                    f"{np.mean([_full(x, 'causality_by_rank') for x in ran]):.2f}, the projection baseline "
+                    f"{np.mean([_full(x, 'causality_projection_baseline_by_rank') for x in ran]):.2f}") if ran else ""
             rows.append(f"\n{m}: {len(xs)} of {len(res[m])} relations scored; mean faithfulness (best beta) "
                         f"{np.mean([x['faithfulness_best_beta'] for x in xs]):.2f}, mean causality (best rank) "
-                        f"{np.mean(cs):.2f}; at full rank the authors' edit {np.mean([_full(x, 'causality_by_rank') for x in xs if x['causality_by_rank']]):.2f}"
-                        f", the projection baseline {np.mean([_full(x, 'causality_projection_baseline_by_rank') for x in xs if x['causality_by_rank']]):.2f}")
+                        f"{np.mean(cs):.2f}{full}")
     return "\n".join(rows)
 
 
@@ -156,11 +222,11 @@ def lre_sweep_table(out: Path) -> str:
     return "\n".join(rows)
 
 
-def lre_figure(out: Path, path: Path) -> None:
+def lre_figure(out: Path, path: Path, previous: dict | None = None) -> None:
     """Faithfulness and causality per relation, the three models side by side (middle layer)."""
     from mechfact.plotting import save, subplots
 
-    res = {m: _lre_rows(out, m) for m in MODELS}
+    res = _lre_all(out, previous)
     names = sorted({n for r in res.values() for n in r if r[n]["faithfulness"] is not None})
     if not names:
         return
@@ -210,16 +276,20 @@ def main(argv=None) -> None:
     ap.add_argument("--run", action="store_true", help="run what is missing first")
     ap.add_argument("--figure", default="docs/img/families.png")
     ap.add_argument("--lre-figure", default="docs/img/families_lre.png")
+    ap.add_argument("--previous", default=None, metavar="MD",
+                    help="an earlier write-up (docs/results_llm.md) whose LRE tables fill the runs not in --out")
     a = ap.parse_args(argv)
     out = Path(a.out)
     if a.run:
         run(out)
+    prev = previous_lre(Path(a.previous).read_text()) if a.previous else None
     print(readout_table(out), "\n")
-    print(lre_table(out), "\n")
+    for part in PARTS:
+        print(lre_table(out, prev, part), "\n")
     print(lre_sweep_table(out), "\n")
     print(superposition_table(out))
     figure(out, Path(a.figure))
-    lre_figure(out, Path(a.lre_figure))
+    lre_figure(out, Path(a.lre_figure), prev)
 
 
 if __name__ == "__main__":

@@ -311,6 +311,36 @@ def test_authors_protocol_sweeps_beta_and_rank_and_keeps_the_projection_baseline
     assert known.n_known <= 2 and known.faithfulness is None
 
 
+def test_filter_trials_keeps_the_known_facts_and_first_trial_of_the_full_run(tiny, monkeypatch, one_thread):
+    """--trials 1 --filter-trials 3 = the 3-trial run's known facts and its first trial; a 1-set filter keeps at
+    least as many facts (its one example set is the first of the three). A random model knows nothing, so "right"
+    is every call but each 7th, counted from the start of each run (the runs judge in the same order)."""
+    import itertools
+
+    import mechfact
+    from mechfact.llm import lre as L
+    from mechfact.llm import prompts
+    from mechfact.llm.relations import load_relations
+
+    lm = tiny["models"]["qwen2"]
+    rel = load_relations(tiny["relations"], ["tiny_colour"])[0]
+    pick = L._balanced_pick
+
+    def run(**kw):
+        calls, picks = itertools.count(), []
+        monkeypatch.setattr(prompts, "prefix_match", lambda tok, token, objects: next(calls) % 7 != 6)
+        monkeypatch.setattr(L, "_balanced_pick", lambda *a: picks.append(pick(*a)) or picks[-1])
+        return mechfact.lre(lm, rel, layer=1, n_train=2, chunk=16, ranks=[8], cache_states=False, **kw), picks
+
+    (full, fp), (one, op), (weak, wp) = run(n_trials=3), run(n_trials=1, filter_trials=3), run(n_trials=1,
+                                                                                               filter_trials=1)
+    assert 4 <= full.n_known < weak.n_known, (full.n_known, weak.n_known)  # the filter has teeth, leaves facts
+    assert one.n_known == full.n_known and full.n_trials == 3 and one.n_trials == 1
+    assert len(fp) == 3 and op == fp[:1] and one.faithfulness_trials == full.faithfulness_trials[:1]
+    with pytest.raises(ValueError, match="--filter-trials 0"):
+        mechfact.lre(lm, rel, layer=1, filter_trials=0)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_batched_edits_match_patching_the_whole_prompt(tiny, family, one_thread):
     """edited_logits (prefix once, the suffix as m copies) = patching the full prompt once per state."""

@@ -61,7 +61,29 @@ def test_finds_planted_superposition_and_not_random_states(lm, monkeypatch, plan
         assert abs(row["r2_heldout"]) <= 0.1 and row["decodability"]["rel1"]["accuracy"] <= 0.6, row
 
 
-def test_superposition_cli_writes_a_run_directory(lm, tmp_path, monkeypatch, one_thread):
+def test_standardize_keeps_one_massive_coordinate_from_deciding_r2(lm, monkeypatch, one_thread):
+    """Planted structure plus one coordinate 1000x larger that varies with something else (as a position-dependent
+    'massive activation' would): raw pooled R^2 is decided by that coordinate (about 0 or below), standardised it
+    sees the planted structure again; the shuffled control stays low both ways."""
+    rels = _relations()
+    subjects, _ = S.shared_subjects(rels, 4)
+    V, P, _ = S.attribute_table(lm, rels, subjects, "class")
+    g = torch.Generator().manual_seed(2)
+    d = lm.d_model
+    M = [torch.randn(V.shape[1], d, generator=g).double().numpy() for _ in rels]
+    X = sum(V[P[r]] @ M[r] for r in (0, 1, 3)) + 0.05 * torch.randn(40, d, generator=g).double().numpy()
+    X[:, 0] = 1000.0 * torch.randn(40, generator=g).double().numpy()
+    monkeypatch.setattr(S, "subject_states",
+                        lambda lm_, subjects, cfg, layers, progress=False: torch.tensor(X)[None].float())
+    rows = {std: S.llm_superposition(lm, rels, layers=[0], n_splits=2, cache_states=False, attributes="class",
+                                     standardize=std).records[0] for std in (False, True)}
+    assert rows[False]["r2_heldout"] <= 0.1, rows[False]
+    assert rows[True]["r2_heldout"] >= 0.6 and rows[True]["control_shuffled_r2_heldout"] <= 0.2, rows[True]
+    with pytest.raises(ValueError, match="standardize 'yes'"):
+        S.SuperpositionConfig(standardize="yes")
+
+
+def test_superposition_cli_writes_a_run_directory(lm, tmp_path, monkeypatch, one_thread, capsys):
     monkeypatch.setenv("MECHFACT_CACHE", str(tmp_path / "cache"))
     rels = tmp_path / "rels"
     rels.mkdir()
@@ -77,4 +99,8 @@ def test_superposition_cli_writes_a_run_directory(lm, tmp_path, monkeypatch, one
     assert (out / "fig_superposition.png").stat().st_size > 1000
     assert main(argv) == 0  # resumes: same result
     assert json.loads((out / "result.json").read_text()) == res
-    assert main(argv[:-4] + ["--min-relations", "5", "--out", str(tmp_path / "bad"), "--quiet"]) == 2
+    capsys.readouterr()
+    assert main(argv[:-3] + ["--min-relations", "5", "--out", str(tmp_path / "bad"), "--quiet"]) == 2
+    assert "4 relations given; the test needs at least 5" in capsys.readouterr().err
+    assert main(argv[:-3] + ["--standardize", "--out", str(tmp_path / "std"), "--quiet"]) == 0
+    assert json.loads((tmp_path / "std" / "config.json").read_text())["config"]["standardize"] is True

@@ -103,12 +103,16 @@ def register(subparsers) -> dict:
                         "protocol (default authors)")
     p.add_argument("--trials", type=int, default=3, help="authors: example sets of the known filter and trials "
                    "averaged (default 3)")
+    p.add_argument("--filter-trials", type=int, default=None,
+                   help="authors: example sets of the known filter, when it should differ from --trials (default: "
+                        "--trials); with --filter-trials 3 --trials 1 the known facts and the first trial are those "
+                        "of the 3-trial run")
     p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256 (default 16..256 + full)")
     common_args(p)
     executor_args(p)  # one job per relation; each Ray worker loads the model itself
 
     p = sub.add_parser("models", help="the packaged pretrained models: short name, installed or not, install line")
-    p.set_defaults(out=None, device="cpu", seed=0, threads=None, quiet=True)
+    p.set_defaults(out=None, device="cpu", seed=0, threads=None, quiet=True, max_memory=None)
 
     p = sub.add_parser("superposition", help="is a subject's state a superposition of its attributes under "
                                              "several relations? (per layer, with controls)")
@@ -125,6 +129,9 @@ def register(subparsers) -> dict:
     p.add_argument("--splits", type=int, default=3, help="random subject splits averaged (default 3)")
     p.add_argument("--heldout", type=finite_float, default=0.2, help="share of subjects held out (default 0.2)")
     p.add_argument("--min-relations", type=int, default=4, help="relations every subject must carry (default 4)")
+    p.add_argument("--standardize", action="store_true",
+                   help="z-score every coordinate of the state on the training subjects before the fit, so that a "
+                        "few large-norm coordinates do not decide the pooled R^2")
     p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     placement_args(p)
     p.add_argument("--batch-size", type=int, default=16)
@@ -167,7 +174,8 @@ def _run_llm(a) -> None:
         cfg = SuperpositionConfig(model=a.model, relations=a.relations, relation_names=a.relation_names,
                                   layers=_layers(a.layers), prompt=a.prompt, attributes=a.attributes,
                                   heldout_fraction=a.heldout, n_splits=a.splits, min_relations=a.min_relations,
-                                  dtype=a.dtype, batch_size=a.batch_size, cache_states=not a.no_state_cache)
+                                  dtype=a.dtype, batch_size=a.batch_size, cache_states=not a.no_state_cache,
+                                  standardize=a.standardize)
         run_llm_superposition(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
     elif a.llm_sub == "probe":
         executor = make_executor_from(a, "llm probe: relations")
@@ -183,7 +191,8 @@ def _run_llm(a) -> None:
             raise UsageError(f"--layers {a.layers}: llm lre sweeps listed layers, e.g. 3,9,15 or 4-20")
         cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, layers=layers, beta=a.beta, rank=a.rank,
                           n_train=a.n_train, facts=a.facts, max_test=a.max_test, protocol=a.protocol,
-                          n_trials=a.trials, ranks=ranks, **prompt_options(a))
+                          n_trials=a.trials, filter_trials=a.filter_trials, ranks=ranks,
+                          **prompt_options(a))
         executor = make_executor_from(a, "llm lre: relations")
         try:
             L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress, executor=executor)

@@ -90,6 +90,7 @@ class LreConfig(DictConfig):
     chunk: int = 96  # Jacobian rows per backward pass (memory vs speed)
     protocol: str = "authors"  # authors: Hernandez et al.'s code (module docstring) | mechfact: the first protocol
     n_trials: int = 3  # authors: known = right under this many example sets; LRE averaged over this many trials
+    filter_trials: int | None = None  # authors: example sets of the known filter when not n_trials (None: n_trials)
     ranks: list[int] | None = None  # authors: edit ranks swept (None: 16, 32, 64, 128, 256 and full, up to d_model)
     dtype: str = "float32"
     batch_size: int = 16
@@ -113,6 +114,8 @@ class LreConfig(DictConfig):
         check_int("batch_size", self.batch_size, 1)
         check_choice("protocol", self.protocol, PROTOCOLS)
         check_int("n_trials", self.n_trials, 1)
+        if self.filter_trials is not None:
+            check_int("filter_trials", self.filter_trials, 1)
         if self.ranks is not None:
             check_int_list("ranks", self.ranks, 1)
         check_prompt_options(self)
@@ -386,7 +389,8 @@ def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layers: li
             "faithfulness": None, "causality": None}
     # known: right (case-insensitive prefix of an object) under each of n_trials sets of n_train examples
     known = np.ones(n, dtype=bool)
-    for t in range(cfg.n_trials if cfg.facts == "known" else 0):
+    n_filter = cfg.n_trials if cfg.filter_trials is None else cfg.filter_trials
+    for t in range(n_filter if cfg.facts == "known" else 0):
         ex = sorted(rng.choice(n, size=min(cfg.n_train, n - 1), replace=False).tolist())
         prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=ex)
         _, _, nxt = _states_at(lm, prompts, [], cfg)

@@ -74,8 +74,11 @@ class SuperpositionConfig(DictConfig):
     dtype: str = "float32"
     batch_size: int = 16
     cache_states: bool = True
+    standardize: bool = False  # z-score every coordinate with the training subjects' mean and std (per split)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.standardize, bool):
+            raise ValueError(f"standardize {self.standardize!r}: must be true or false")
         if not isinstance(self.prompt, str) or self.prompt.count("{}") != 1:
             raise ValueError(f"--prompt {self.prompt!r}: must contain exactly one '{{}}' (the subject)")
         check_choice("attributes", self.attributes, ATTRIBUTES)
@@ -159,14 +162,25 @@ def _readout_basis(X: np.ndarray, V: np.ndarray, P: np.ndarray, tr: np.ndarray, 
     return q
 
 
-def _decodability(X: np.ndarray, V: np.ndarray, P: np.ndarray, splits, names: list[str], seed: int) -> dict:
+def scaled(X: np.ndarray, tr: np.ndarray, standardize: bool) -> np.ndarray:
+    """``X`` itself, or every coordinate z-scored with the training subjects' mean and standard deviation (a
+    coordinate constant on them is only centred). Pooled R^2 weighs coordinates by their variance, so a few
+    large-norm coordinates can decide it; standardised, every coordinate counts the same."""
+    if not standardize:
+        return X
+    sd = X[tr].std(0)
+    return (X - X[tr].mean(0)) / np.where(sd > 1e-12 * max(float(sd.max()), 1e-300), sd, 1.0)
+
+
+def _decodability(X: np.ndarray, V: np.ndarray, P: np.ndarray, splits, names: list[str], seed: int,
+                  standardize: bool = False) -> dict:
     from ..probes.readout import linear_readout
 
     out = {}
     for r, name in enumerate(names):
         y = P[r] - P[r].min()
         many = len(np.unique(y)) < len(y)
-        rows = [linear_readout(X, y, tr, te, kind="classifier" if many else "vector",
+        rows = [linear_readout(scaled(X, tr, standardize), y, tr, te, kind="classifier" if many else "vector",
                                object_vectors=None if many else V[P[r].min():P[r].max() + 1], seed=seed)
                 for tr, te in splits]
         out[name] = {"kind": rows[0].kind, **{k: float(np.mean([getattr(s, k) for s in rows]))
@@ -174,8 +188,8 @@ def _decodability(X: np.ndarray, V: np.ndarray, P: np.ndarray, splits, names: li
     return out
 
 
-def _layer_row(X: np.ndarray, V: np.ndarray, P: np.ndarray, V_rand: np.ndarray, splits, names: list[str],
-               seed: int) -> dict:
+def _layer_row(X0: np.ndarray, V: np.ndarray, P: np.ndarray, V_rand: np.ndarray, splits, names: list[str],
+               seed: int, standardize: bool = False) -> dict:
     from ..probes.superposition import superposition_test
 
     def test(X_, V_, P_, tr, te, structure=False):
@@ -184,6 +198,7 @@ def _layer_row(X: np.ndarray, V: np.ndarray, P: np.ndarray, V_rand: np.ndarray, 
     full, rand, alone = [], [], {n: [] for n in names}
     sub, sub_rand, dims = [], [], []
     for tr, te in splits:
+        X = scaled(X0, tr, standardize)
         full.append(test(X, V, P, tr, te, structure=True))
         rand.append(test(X, V_rand, P, tr, te))
         for r, name in enumerate(names):
@@ -201,7 +216,7 @@ def _layer_row(X: np.ndarray, V: np.ndarray, P: np.ndarray, V_rand: np.ndarray, 
         "control_shuffled_r2_heldout_attribute_subspace": mean([f.control_r2_heldout for f in sub]),
         "control_random_features_r2_heldout_attribute_subspace": mean([f.r2_heldout for f in sub_rand]),
         "attribute_subspace_dim": mean(dims),
-        "decodability": _decodability(X, V, P, splits, names, seed),
+        "decodability": _decodability(X0, V, P, splits, names, seed, standardize),
         "r2_heldout": mean([f.r2_heldout for f in full]), "r2_heldout_range": spread([f.r2_heldout for f in full]),
         "r2_train": mean([f.r2_train for f in full]),
         "control_shuffled_r2_heldout": mean([f.control_r2_heldout for f in full]),
@@ -258,7 +273,7 @@ def _run(lm, cfg, relations, seed, progress, on_layer=None, done=None) -> LlmSup
     done = done or {}
     for j, layer in enumerate(layers):
         row = done.get(layer) or {"layer": layer, **_layer_row(states[j].double().numpy(), V, P, V_rand, splits,
-                                                               [r.name for r in rels], seed)}
+                                                               [r.name for r in rels], seed, cfg.standardize)}
         res.per_layer.append(row)
         logger.info("layer %d: held-out R^2 %.3f (shuffled %.3f, random features %.3f)", layer, row["r2_heldout"],
                     row["control_shuffled_r2_heldout"], row["control_random_features_r2_heldout"])
