@@ -104,10 +104,13 @@ def readout_table(out: Path) -> str:
 
 
 def _lre_rows(out: Path, m: str, kind: str = "authors") -> dict[str, dict]:
+    """Rows of ``lre_<kind>_<part>`` and of its siblings ``lre_<kind>_<part>_*`` (one part split over several
+    processes, each with its own --relation-names)."""
     rows = {}
     for part in PARTS:
-        r = _read(out / m / f"lre_{kind}_{part}" / "result.json")
-        rows.update({x["relation"]: {**x, "part": part} for x in (r or {}).get("per_relation", [])})
+        for folder in [out / m / f"lre_{kind}_{part}", *sorted((out / m).glob(f"lre_{kind}_{part}_*"))]:
+            r = _read(folder / "result.json")
+            rows.update({x["relation"]: {**x, "part": part} for x in (r or {}).get("per_relation", [])})
     return rows
 
 

@@ -61,7 +61,7 @@ def test_finds_planted_superposition_and_not_random_states(lm, monkeypatch, plan
         assert abs(row["r2_heldout"]) <= 0.1 and row["decodability"]["rel1"]["accuracy"] <= 0.6, row
 
 
-def test_standardize_keeps_one_massive_coordinate_from_deciding_r2(lm, monkeypatch, one_thread):
+def test_standardize_keeps_one_massive_coordinate_from_deciding_r2(lm, monkeypatch, one_thread, caplog):
     """Planted structure plus one coordinate 1000x larger that varies with something else (as a position-dependent
     'massive activation' would): raw pooled R^2 is decided by that coordinate (about 0 or below), standardised it
     sees the planted structure again; the shuffled control stays low both ways."""
@@ -78,6 +78,9 @@ def test_standardize_keeps_one_massive_coordinate_from_deciding_r2(lm, monkeypat
     rows = {std: S.llm_superposition(lm, rels, layers=[0], n_splits=2, cache_states=False, attributes="class",
                                      standardize=std).records[0] for std in (False, True)}
     assert rows[False]["r2_heldout"] <= 0.1, rows[False]
+    assert rows[False]["top_coordinate"] == 0 and rows[False]["top_coordinate_variance_share"] > 0.9
+    warned = [r.getMessage() for r in caplog.records if "holds" in r.getMessage()]
+    assert len(warned) == 1 and "coordinate 0 holds" in warned[0] and "--standardize" in warned[0], warned
     assert rows[True]["r2_heldout"] >= 0.6 and rows[True]["control_shuffled_r2_heldout"] <= 0.2, rows[True]
     with pytest.raises(ValueError, match="standardize 'yes'"):
         S.SuperpositionConfig(standardize="yes")

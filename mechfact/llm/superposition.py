@@ -31,6 +31,12 @@ coordinates can be near 0 while every attribute is decodable. Two more numbers p
   attribute-relevant subspace (the span of the per-relation readout directions fitted on the training
   subjects: the top right-singular vectors of each ridge map h -> a_r, 90% of its energy, at most 8 per
   relation), with the shuffled and random-feature controls there too.
+
+A subject state can be dominated by one "massive activation" coordinate: on Qwen2.5 a subject right after BOS
+(the default prompt) puts about 90% of the states' variance into coordinate 62, which follows the subject's token
+count. Each layer records ``top_coordinate`` and its ``top_coordinate_variance_share`` (a warning above 0.5);
+``standardize=True`` z-scores every coordinate on the training subjects, and a prompt with words before the
+subject keeps it off position 1.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from .relations import Relation, as_relations, shipped_relations_dir
 logger = logging.getLogger(__name__)
 
 ATTRIBUTES = ("unembed", "class")
+MASSIVE_SHARE = 0.5  # one coordinate with more than this share of the states' variance gets a warning
 
 
 def countries_dir():
@@ -211,7 +218,10 @@ def _layer_row(X0: np.ndarray, V: np.ndarray, P: np.ndarray, V_rand: np.ndarray,
     spread = lambda v: [float(np.min(v)), float(np.max(v))]  # noqa: E731
     ov = np.mean([f.block_overlap for f in full], 0)
     R = len(names)
+    var = X0.var(0)
     return {
+        "top_coordinate": int(var.argmax()),
+        "top_coordinate_variance_share": float(var.max() / max(float(var.sum()), 1e-300)),
         "r2_heldout_attribute_subspace": mean([f.r2_heldout for f in sub]),
         "control_shuffled_r2_heldout_attribute_subspace": mean([f.control_r2_heldout for f in sub]),
         "control_random_features_r2_heldout_attribute_subspace": mean([f.r2_heldout for f in sub_rand]),
@@ -275,6 +285,12 @@ def _run(lm, cfg, relations, seed, progress, on_layer=None, done=None) -> LlmSup
         row = done.get(layer) or {"layer": layer, **_layer_row(states[j].double().numpy(), V, P, V_rand, splits,
                                                                [r.name for r in rels], seed, cfg.standardize)}
         res.per_layer.append(row)
+        share = row.get("top_coordinate_variance_share", 0.0)
+        if share > MASSIVE_SHARE and not cfg.standardize:
+            logger.warning("layer %d: coordinate %d holds %.0f%% of the subject states' variance, so the pooled R^2 "
+                           "mostly measures it (a 'massive activation', e.g. of a subject right after BOS); "
+                           "--standardize, or a --prompt with words before the subject, removes it", layer,
+                           row["top_coordinate"], 100 * share)
         logger.info("layer %d: held-out R^2 %.3f (shuffled %.3f, random features %.3f)", layer, row["r2_heldout"],
                     row["control_shuffled_r2_heldout"], row["control_random_features_r2_heldout"])
         if on_layer is not None:
