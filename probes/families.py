@@ -273,7 +273,11 @@ def figure(out: Path, path: Path) -> None:
 
     runs = {m: {"probe": _read(out / m / "probe" / "result.json"),
                 "superposition": _read(out / m / "superposition" / "result.json")} for m in MODELS}
-    plot_families({m: r for m, r in runs.items() if r["probe"] or r["superposition"]}, path)
+    runs = {m: r for m, r in runs.items() if r["probe"] or r["superposition"]}
+    if not runs:  # nothing in --out: keep the figure that is there
+        print(f"no probe or superposition runs in {out}: {path} left as it is", file=sys.stderr)
+        return
+    plot_families(runs, path)
 
 
 def main(argv=None) -> None:

@@ -124,7 +124,7 @@ def superposition(model, world=None, heldout_fraction: float = 0.2, seed: int = 
     * a pretrained :class:`~mechfact.llm.loading.LanguageModel` and relations that share subjects (default:
       the shipped countries under five relations): the same test on the subject's state at every layer,
       with its controls (:func:`mechfact.llm.superposition.llm_superposition`; ``options``: ``layers``,
-      ``attributes``, ``n_splits``, ``prompt``, ...); returns an ``LlmSuperpositionResult``.
+      ``attributes``, ``n_splits``, ``prompt``, ``standardize``, ...); returns an ``LlmSuperpositionResult``.
     """
     if hasattr(model, "bridge") and hasattr(model, "tokenizer"):
         from ..llm.superposition import llm_superposition
