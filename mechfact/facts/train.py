@@ -38,6 +38,7 @@ SCHEDULES = ("constant", "cosine", "warmup-cosine")
 LOSSES = ("ce", "mse")
 MAX_LR = 1e30  # Adam's first step is 10 lr: larger rates overflow float32 (and mean nothing)
 MAX_STEPS = 10**9  # a larger step budget is a typo
+EXPLODED = 1e6  # a loss this many times its value before the first update (or 1) is a diverged training
 EVAL_BATCH = 8192  # queries per batch of :func:`~mechfact.facts.evaluate.evaluate` (its default)
 
 
@@ -187,7 +188,7 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
         g.set_state(resume["generator"])
         history = list(resume["history"])
         start, best, best_step = int(resume["step"]), float(resume["best"]), int(resume["best_step"])
-    step, stopped, loss = start, "budget", float("nan")
+    step, stopped, loss, first = start, "budget", float("nan"), None
     if history and cfg.target_accuracy is not None and history[-1]["accuracy"] >= cfg.target_accuracy:
         stopped = "target"  # resumed after the stop was already reached
     last_ckpt = start
@@ -208,11 +209,14 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
             opt.zero_grad(set_to_none=True)
             loss_t = loss_fn(model, bt, bg, cfg.loss, cfg.target_logit)
             total = loss_t + 0.5 * cfg.l2 * sum((p * p).sum() for p in l2_params) if cfg.l2 else loss_t
+            if first is None:  # the loss before any update of this call (one sync): the scale divergence is judged by
+                first = float(loss_t.detach())
             total.backward()
             opt.step()
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 loss = float(loss_t.detach())
-                if not math.isfinite(loss):  # the value pulled for the history: no extra sync
+                # NaN / inf, or a finite loss grown a million-fold (some torch builds saturate at ~1e37 instead of NaN)
+                if not math.isfinite(loss) or loss > EXPLODED * max(1.0, first if math.isfinite(first) else 1.0):
                     raise ValueError(f"training diverged: the loss is {loss:g} at step {step} "
                                      f"(--lr {cfg.lr:g} too high?)")
                 acc = evaluate(model, world, queries)["accuracy"]
