@@ -288,8 +288,8 @@ def _run(lm, cfg, relations, seed, progress, on_layer=None, done=None) -> LlmSup
         share = row.get("top_coordinate_variance_share", 0.0)
         if share > MASSIVE_SHARE and not cfg.standardize:
             logger.warning("layer %d: coordinate %d holds %.0f%% of the subject states' variance, so the pooled R^2 "
-                           "mostly measures it (a 'massive activation', e.g. of a subject right after BOS); "
-                           "--standardize, or a --prompt with words before the subject, removes it", layer,
+                           "mostly measures it (a 'massive activation', e.g. of a subject right after BOS); a --prompt with "
+                           "words before the subject removes it (--standardize only evens out the coordinates)", layer,
                            row["top_coordinate"], 100 * share)
         logger.info("layer %d: held-out R^2 %.3f (shuffled %.3f, random features %.3f)", layer, row["r2_heldout"],
                     row["control_shuffled_r2_heldout"], row["control_random_features_r2_heldout"])
