@@ -179,17 +179,17 @@ def scaled(X: np.ndarray, tr: np.ndarray, standardize: bool) -> np.ndarray:
     return (X - X[tr].mean(0)) / np.where(sd > 1e-12 * max(float(sd.max()), 1e-300), sd, 1.0)
 
 
-def _decodability(X: np.ndarray, V: np.ndarray, P: np.ndarray, splits, names: list[str], seed: int,
-                  standardize: bool = False) -> dict:
+def _decodability(Xs: list[np.ndarray], V: np.ndarray, P: np.ndarray, splits, names: list[str], seed: int) -> dict:
+    """Per relation, the readout of its attribute from the states ``Xs[k]`` of split ``k`` (mean over splits)."""
     from ..probes.readout import linear_readout
 
     out = {}
     for r, name in enumerate(names):
         y = P[r] - P[r].min()
         many = len(np.unique(y)) < len(y)
-        rows = [linear_readout(scaled(X, tr, standardize), y, tr, te, kind="classifier" if many else "vector",
+        rows = [linear_readout(X, y, tr, te, kind="classifier" if many else "vector",
                                object_vectors=None if many else V[P[r].min():P[r].max() + 1], seed=seed)
-                for tr, te in splits]
+                for X, (tr, te) in zip(Xs, splits)]
         out[name] = {"kind": rows[0].kind, **{k: float(np.mean([getattr(s, k) for s in rows]))
                                               for k in ("accuracy", "control_accuracy", "chance")}}
     return out
@@ -204,8 +204,8 @@ def _layer_row(X0: np.ndarray, V: np.ndarray, P: np.ndarray, V_rand: np.ndarray,
 
     full, rand, alone = [], [], {n: [] for n in names}
     sub, sub_rand, dims = [], [], []
-    for tr, te in splits:
-        X = scaled(X0, tr, standardize)
+    Xs = [scaled(X0, tr, standardize) for tr, _ in splits]  # the states each split fits (z-scored on its train)
+    for X, (tr, te) in zip(Xs, splits):
         full.append(test(X, V, P, tr, te, structure=True))
         rand.append(test(X, V_rand, P, tr, te))
         for r, name in enumerate(names):
@@ -226,7 +226,7 @@ def _layer_row(X0: np.ndarray, V: np.ndarray, P: np.ndarray, V_rand: np.ndarray,
         "control_shuffled_r2_heldout_attribute_subspace": mean([f.control_r2_heldout for f in sub]),
         "control_random_features_r2_heldout_attribute_subspace": mean([f.r2_heldout for f in sub_rand]),
         "attribute_subspace_dim": mean(dims),
-        "decodability": _decodability(X0, V, P, splits, names, seed, standardize),
+        "decodability": _decodability(Xs, V, P, splits, names, seed),
         "r2_heldout": mean([f.r2_heldout for f in full]), "r2_heldout_range": spread([f.r2_heldout for f in full]),
         "r2_train": mean([f.r2_train for f in full]),
         "control_shuffled_r2_heldout": mean([f.control_r2_heldout for f in full]),
