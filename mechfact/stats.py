@@ -1,0 +1,195 @@
+"""Statistics every probe reports with: intervals, bootstrap, permutation tests.
+
+The rule: a reported number carries its ``n`` and an interval. A row of a
+result holds ``<name>`` (the value), ``<name>_ci`` (``[low, high]``, 95% by
+default) and ``<name>_n`` (the units the interval is over: facts, subjects,
+trials, relations); :func:`fields` writes the three keys from an
+:class:`Estimate`, :func:`check_reported` checks a row follows the rule.
+
+* :func:`wilson` -- the Wilson score interval of an accuracy ``k / n``
+  (correct near 0 and 1, where the normal interval is not).
+* :func:`bootstrap` -- the percentile bootstrap of a statistic over units
+  (facts, subjects, trials, seeds), optionally resampling clusters (all rows of
+  one subject together).
+* :func:`permutation_pvalue` -- ``(1 + #{null >= observed}) / (1 + n_null)``,
+  the p-value of an observed statistic against draws from its null (never 0).
+* :func:`spearman` -- rank correlation with its permutation p-value and a
+  bootstrap interval over the paired items.
+
+Everything takes a ``seed``; the same inputs and seed give the same interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+CONFIDENCE = 0.95
+N_BOOT = 2000
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A value with its interval and the number of units it rests on."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    n: int
+    method: str  # "wilson", "bootstrap", "exact", "none" (n too small for an interval)
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "ci": [self.low, self.high], "n": self.n, "ci_method": self.method}
+
+    def __format__(self, spec: str) -> str:
+        if self.value is None:
+            return "n/a"
+        spec = spec or ".2f"
+        if self.low is None:
+            return f"{self.value:{spec}} (n {self.n})"
+        return f"{self.value:{spec}} [{self.low:{spec}}, {self.high:{spec}}] (n {self.n})"
+
+
+def _z(confidence: float) -> float:
+    from scipy.stats import norm
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence {confidence}: must be between 0 and 1 (exclusive)")
+    return float(norm.ppf(0.5 + confidence / 2))
+
+
+def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> Estimate:
+    """Accuracy ``k / n`` with the Wilson score interval. ``n = 0`` gives no value."""
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"wilson: need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return Estimate(None, None, None, 0, "none")
+    z = _z(confidence)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n, "wilson")
+
+
+def accuracy(correct: Sequence[bool] | np.ndarray, confidence: float = CONFIDENCE) -> Estimate:
+    """:func:`wilson` of a vector of right/wrong outcomes."""
+    c = np.asarray(correct, dtype=bool).ravel()
+    return wilson(int(c.sum()), int(c.size), confidence)
+
+
+def bootstrap(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndarray], float] | None = None, *,
+              clusters: Sequence | None = None, n_boot: int = N_BOOT, seed: int = 0,
+              confidence: float = CONFIDENCE) -> Estimate:
+    """The statistic (default: the mean) of ``values`` with a percentile bootstrap interval.
+
+    ``values``: one entry per unit (or rows of a 2-d array, e.g. paired observations). ``clusters``: a label per
+    row; whole clusters are resampled (rows of one subject, one seed, one trial stay together) and ``n`` counts
+    clusters. Fewer than 2 units: the value with no interval.
+    """
+    x = np.asarray(values, dtype=float)
+    stat = statistic or (lambda v: float(np.mean(v)))
+    if x.shape[0] == 0:
+        return Estimate(None, None, None, 0, "none")
+    value = float(stat(x))
+    if clusters is None:
+        groups = [np.array([i]) for i in range(x.shape[0])]
+    else:
+        if len(clusters) != x.shape[0]:
+            raise ValueError(f"bootstrap: {len(clusters)} cluster labels for {x.shape[0]} values")
+        labels = {}
+        for i, c in enumerate(clusters):
+            labels.setdefault(c, []).append(i)
+        groups = [np.array(v) for v in labels.values()]
+    m = len(groups)
+    if m < 2:
+        return Estimate(value, None, None, m, "none")
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, m, size=(n_boot, m))
+    if clusters is None and statistic is None and x.ndim == 1:  # the common case, vectorised
+        boots = x[draws].mean(1)
+    else:
+        boots = np.array([stat(x[np.concatenate([groups[g] for g in d])]) for d in draws])
+    boots = boots[np.isfinite(boots)]
+    a = (1 - confidence) / 2
+    lo, hi = np.quantile(boots, [a, 1 - a])
+    return Estimate(value, float(lo), float(hi), m, "bootstrap")
+
+
+def permutation_pvalue(observed: float, null: Sequence[float] | np.ndarray, alternative: str = "greater") -> float:
+    """p-value of ``observed`` against null draws: ``(1 + #{null at least as extreme}) / (1 + n_null)``.
+
+    ``alternative``: "greater" (large is extreme), "less", or "two-sided" (``|null - median| >=
+    |observed - median|``).
+    """
+    z = np.asarray(null, dtype=float)
+    z = z[np.isfinite(z)]
+    if z.size == 0:
+        raise ValueError("permutation_pvalue: no finite null draws")
+    if alternative == "greater":
+        k = int((z >= observed).sum())
+    elif alternative == "less":
+        k = int((z <= observed).sum())
+    elif alternative == "two-sided":
+        c = float(np.median(z))
+        k = int((np.abs(z - c) >= abs(observed - c)).sum())
+    else:
+        raise ValueError(f"alternative {alternative!r}: allowed values are greater, less, two-sided")
+    return (1 + k) / (1 + z.size)
+
+
+def null_summary(observed: float, null: Sequence[float] | np.ndarray, alternative: str = "greater") -> dict:
+    """``p_value``, ``n_null`` and the null's 50 / 95 / 99% quantiles, for a result row."""
+    z = np.asarray(null, dtype=float)
+    q = np.quantile(z, [0.5, 0.95, 0.99])
+    return {"p_value": permutation_pvalue(observed, z, alternative), "n_null": int(z.size),
+            "null_median": float(q[0]), "null_q95": float(q[1]), "null_q99": float(q[2])}
+
+
+def spearman(x: Sequence[float], y: Sequence[float], *, n_boot: int = N_BOOT, n_perm: int = 10000, seed: int = 0,
+             confidence: float = CONFIDENCE) -> dict:
+    """Spearman's rho of paired items with a bootstrap interval (over items) and a permutation p-value (two-sided).
+
+    Returns ``{"rho", "rho_ci", "rho_n", "p_value"}``; fewer than 3 pairs give ``rho`` None.
+    """
+    from scipy.stats import rankdata
+
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"spearman: {a.size} values against {b.size}")
+    n = a.size
+    if n < 3:
+        return {"rho": None, "rho_ci": [None, None], "rho_n": int(n), "p_value": None}
+
+    def rho(pairs: np.ndarray) -> float:
+        ra, rb = rankdata(pairs[:, 0]), rankdata(pairs[:, 1])
+        if ra.std() == 0 or rb.std() == 0:
+            return float("nan")
+        return float(np.corrcoef(ra, rb)[0, 1])
+
+    pairs = np.stack([a, b], 1)
+    est = bootstrap(pairs, rho, n_boot=n_boot, seed=seed, confidence=confidence)
+    rng = np.random.default_rng(seed + 1)
+    ra, rb = rankdata(a), rankdata(b)
+    rb_c = (rb - rb.mean()) / (rb.std() or 1.0)
+    ra_c = (ra - ra.mean()) / (ra.std() or 1.0)
+    perms = np.argsort(rng.random((n_perm, n)), axis=1)
+    null = (ra_c[perms] * rb_c).mean(1)
+    obs = float((ra_c * rb_c).mean())
+    p = permutation_pvalue(abs(obs), np.abs(null), "greater")
+    return {"rho": est.value, "rho_ci": [est.low, est.high], "rho_n": int(n), "p_value": p}
+
+
+def fields(name: str, est: Estimate) -> dict:
+    """``{name: value, name_ci: [low, high], name_n: n}``: one reported number in a result row."""
+    return {name: est.value, f"{name}_ci": [est.low, est.high], f"{name}_n": est.n}
+
+
+def check_reported(row: dict, names: Sequence[str]) -> None:
+    """Raise ``ValueError`` unless each of ``names`` in ``row`` carries ``<name>_ci`` and ``<name>_n``."""
+    missing = [f"{k}{s}" for k in names for s in ("_ci", "_n") if row.get(k) is not None and f"{k}{s}" not in row]
+    if missing:
+        raise ValueError(f"reported numbers without n or interval: {', '.join(missing)}")

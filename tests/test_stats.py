@@ -1,0 +1,76 @@
+"""The statistics module: intervals cover at their nominal rate, permutation tests reject planted effects only."""
+
+import numpy as np
+import pytest
+
+from mechfact import stats
+
+
+def test_wilson_matches_a_hand_computed_interval_and_stays_in_0_1():
+    e = stats.wilson(8, 10)  # textbook: 0.8, Wilson 95% [0.490, 0.943]
+    assert e.value == 0.8 and e.n == 10
+    assert e.low == pytest.approx(0.4902, abs=1e-3) and e.high == pytest.approx(0.9433, abs=1e-3)
+    z = stats.wilson(0, 4)
+    assert z.low == 0.0 and 0.4 < z.high < 0.6  # 0 of 4 is no proof of 0
+    assert stats.wilson(0, 0).value is None
+    with pytest.raises(ValueError, match="k=5, n=4"):
+        stats.wilson(5, 4)
+
+
+def test_wilson_covers_the_true_rate_about_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    p, n = 0.3, 20
+    hits = 0
+    for _ in range(2000):
+        e = stats.wilson(int(rng.binomial(n, p)), n)
+        hits += e.low <= p <= e.high
+    assert 0.92 <= hits / 2000 <= 0.98
+
+
+def test_bootstrap_interval_covers_the_mean_and_clusters_widen_it():
+    rng = np.random.default_rng(1)
+    covered = 0
+    for i in range(300):
+        x = rng.normal(1.0, 1.0, 30)
+        e = stats.bootstrap(x, seed=i, n_boot=500)
+        covered += e.low <= 1.0 <= e.high
+    assert 0.88 <= covered / 300 <= 0.99
+    # ten subjects, each seen 5 times with a shared offset: resampling subjects gives a wider interval than rows
+    offsets = rng.normal(0, 1, 10)
+    x = np.repeat(offsets, 5) + rng.normal(0, 0.1, 50)
+    by_row = stats.bootstrap(x, seed=0)
+    by_subject = stats.bootstrap(x, clusters=np.repeat(np.arange(10), 5), seed=0)
+    assert by_subject.n == 10 and by_row.n == 50
+    assert (by_subject.high - by_subject.low) > 1.8 * (by_row.high - by_row.low)
+    assert stats.bootstrap([0.5]).low is None  # one unit: no interval
+
+
+def test_bootstrap_is_reproducible_by_seed():
+    x = np.arange(20.0)
+    assert stats.bootstrap(x, seed=3).to_dict() == stats.bootstrap(x, seed=3).to_dict()
+
+
+def test_permutation_pvalue_is_never_zero_and_ranks_the_observation():
+    null = np.arange(99.0)
+    assert stats.permutation_pvalue(1000.0, null) == pytest.approx(1 / 100)
+    assert stats.permutation_pvalue(-1.0, null) == 1.0
+    assert stats.permutation_pvalue(49.0, null) == pytest.approx(51 / 100)
+    with pytest.raises(ValueError, match="alternative"):
+        stats.permutation_pvalue(0.0, null, "bigger")
+
+
+def test_spearman_detects_a_monotone_relation_and_not_noise():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=25)
+    s = stats.spearman(x, np.exp(x) + rng.normal(0, 0.1, 25), seed=0)
+    assert s["rho"] > 0.9 and s["p_value"] < 0.01 and s["rho_ci"][0] > 0.7 and s["rho_n"] == 25
+    n = stats.spearman(x, rng.normal(size=25), seed=0)
+    assert n["p_value"] > 0.05 and n["rho_ci"][0] < 0 < n["rho_ci"][1]
+
+
+def test_fields_and_the_reporting_rule():
+    row = {"relation": "r", **stats.fields("faithfulness", stats.wilson(3, 4))}
+    assert row["faithfulness_n"] == 4 and len(row["faithfulness_ci"]) == 2
+    stats.check_reported(row, ["faithfulness"])
+    with pytest.raises(ValueError, match="causality_ci"):
+        stats.check_reported({**row, "causality": 0.5}, ["faithfulness", "causality"])
