@@ -725,18 +725,27 @@ def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def claim_lre(lre: dict, model: str, section: str | None = None) -> Claim:
-    rows = [r for r in lre["per_relation"] if r.get("faithfulness") is not None]
+    """Faithfulness at the fixed beta, with the interval the run reports (bootstrap over subjects; Wilson on the
+    test facts when a row has none), against the paper's range; the baselines in the measured text."""
+    rows = [r for r in lre["per_relation"] if r.get("faithfulness") is not None and not r.get("degenerate")]
     lo_paper = LRE_FAITHFULNESS[0]
     if not rows:
         return Claim("LRE faithfulness", "Hernandez et al. 2024", f"{fmt(LRE_FAITHFULNESS[0])}-{fmt(LRE_FAITHFULNESS[1])}",
                      "no relation had enough known facts", NOT, section)
     n = sum(r["n_test"] for r in rows)
     f = sum(r["faithfulness"] * r["n_test"] for r in rows) / n
-    lo, hi = wilson(f * n, n)
-    measured = "; ".join(f"{r['relation']}: faithfulness {fmt(r['faithfulness'])} at beta 1, causality "
-                         f"{fmt(r.get('causality'))} at rank {lre.get('config', {}).get('rank')} "
-                         f"(n = {r['n_test']} test facts, {r.get('n_trials', 1)} trial)" for r in rows)
-    measured += f" [{model}, layer {lre.get('layer')}]"
+    ci = rows[0].get("faithfulness_ci") if len(rows) == 1 else None
+    lo, hi = (ci[0], ci[1]) if ci and ci[0] is not None else wilson(f * n, n)
+
+    def one(r: dict) -> str:
+        base = (f", beta 0 {fmt(r['faithfulness_bias_only'])}, majority object {fmt(r['majority_baseline'])}"
+                if r.get("faithfulness_bias_only") is not None and r.get("majority_baseline") is not None else "")
+        rank = f"rank {r['rank']} chosen on training facts" if r.get("rank") is not None else \
+            f"rank {lre.get('config', {}).get('rank')}"
+        return (f"{r['relation']}: faithfulness {fmt(r['faithfulness'])} at beta {r.get('beta', 1)} fixed{base}; "
+                f"causality {fmt(r.get('causality'))} at {rank} (n = {r['n_test']} test facts, "
+                f"{r.get('n_trials', 1)} trial{'s' if r.get('n_trials', 1) != 1 else ''})")
+    measured = "; ".join(one(r) for r in rows) + f" [{model}, layer {lre.get('layer')}]"
     if f >= lo_paper:
         v, why = HOLDS, f"faithfulness at or above the paper's range (95% interval {fmt(lo)}-{fmt(hi)})"
     elif hi >= lo_paper:
@@ -807,14 +816,24 @@ def claim_llm_superposition(sup: dict, model: str, section: str | None = None) -
                  measured, v, section, why)
 
 
+def _with_ci(r: dict, key: str) -> str:
+    ci = r.get(f"{key}_ci")
+    return fmt(r.get(key)) if not ci or ci[0] is None else f"{fmt(r.get(key))} [{fmt(ci[0])}, {fmt(ci[1])}]"
+
+
 def _lre_rows(lr: dict) -> list[dict]:
     """One row per quantity, one column per relation (a relation has many numbers, a quickstart few relations)."""
     rels = lr["per_relation"]
     ranks = sorted({int(k) for r in rels for k in (r.get("causality_by_rank") or {})})
     spec = [("kind", lambda r: (r.get("kind") or "").replace("_", "-")), ("known facts", lambda r: r.get("n_known")),
             ("test facts", lambda r: r.get("n_test")), ("trials", lambda r: r.get("n_trials")),
-            ("faithfulness at beta 1", lambda r: r.get("faithfulness")),
-            ("best beta (its faithfulness)", lambda r: f"{fmt(r.get('best_beta'))} ({fmt(r.get('faithfulness_best_beta'))})")]
+            ("faithfulness at the fixed beta [95%]", lambda r: _with_ci(r, "faithfulness")),
+            ("beta chosen on training facts (its faithfulness)",
+             lambda r: f"{fmt(r.get('train_beta'))} ({fmt(r.get('faithfulness_train_beta'))})"),
+            ("baseline: beta 0, bias only", lambda r: _with_ci(r, "faithfulness_bias_only")),
+            ("baseline: majority object", lambda r: _with_ci(r, "majority_baseline")),
+            ("causality at the rank chosen on training facts [95%]",
+             lambda r: f"{_with_ci(r, 'causality')} (rank {r.get('rank')})")]
     for k in ranks:
         spec.append((f"causality, authors' edit, rank {k}", lambda r, k=k: (r.get("causality_by_rank") or {}).get(str(k))))
         spec.append((f"causality, projection edit, rank {k}",
@@ -937,10 +956,14 @@ def llm_part(out: Path, *, device: torch.device, seed: int = 0, fast: bool = Fal
             "dimensions it does not generalise to unseen objects. " + "; ".join(parts) + ".")
     text.append(
         "LRE, as its authors compute it (one relation, one trial here): the affine map beta J h + b from the subject "
-        "state at the middle layer to the final state, J averaged over 5 training facts that are also the in-context "
-        "examples; faithfulness = its decoded top token is a prefix of the object; causality = the edit "
-        "pinv_r(J) (z' - z) with the model's real final states moves the answer to another fact's object (the "
-        "projection edit is the first protocol's, kept as a baseline). `mechfact llm lre` runs every relation.")
+        "state at the middle layer to the final state, J averaged over 5 training facts (object-balanced) that are "
+        "also the in-context examples; test facts are those the model answers under that prompt; faithfulness = "
+        "the decoded top token is a prefix of the fact's own object, at beta 2.25 fixed in advance and at the beta "
+        "best on the training facts (leave-one-out), beside beta 0 (the bias alone) and the majority object; "
+        "causality = the edit pinv_r(J) (z' - z) with the model's real final states moves the answer to another "
+        "test fact's object, at the rank best on the training facts (the projection edit is the first "
+        "protocol's, kept as a baseline). Intervals: 95% bootstrap over subjects. `mechfact llm lre` runs every "
+        "relation, 8 trials.")
     text.append(
         "Superposition (paper B's structural claim): the 73 shipped countries, each under capital, continent, "
         "language, currency and demonym, read at the last token of the bare subject (no relation named). The fit "

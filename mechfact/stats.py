@@ -119,6 +119,51 @@ def bootstrap(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndar
     return Estimate(value, float(lo), float(hi), m, "bootstrap")
 
 
+def trial_mean(hits: np.ndarray, counts: np.ndarray, *, n_boot: int = N_BOOT, seed: int = 0,
+               confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Mean over trials of each trial's accuracy, with a bootstrap interval that resamples subjects.
+
+    ``counts`` (T, S): outcomes of subject s in trial t (0 where s was not tested); ``hits`` (..., T, S): how many
+    were right, for each of the leading settings (betas, ranks) at once. A trial with no outcome is left out of
+    the mean. Returns ``(value, low, high, n_subjects)``, arrays of the leading shape (NaN where nothing was
+    tested); all settings share the same resamples, so their intervals are comparable.
+    """
+    h = np.asarray(hits, dtype=float)
+    c = np.asarray(counts, dtype=float)
+    if h.shape[-2:] != c.shape:
+        raise ValueError(f"trial_mean: hits {h.shape} do not end in the counts' shape {c.shape}")
+    lead = h.shape[:-2]
+    h = h.reshape(-1, *c.shape)
+    seen = c.sum(0) > 0
+    h, c = h[..., seen], c[:, seen]
+    S = int(c.shape[1])
+
+    def means(w: np.ndarray) -> np.ndarray:  # w (B, S) subject weights -> (K, B) mean over trials
+        num = np.einsum("kts,bs->kbt", h, w)
+        den = np.einsum("ts,bs->bt", c, w)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+            return np.nanmean(np.where(den[None] > 0, r, np.nan), axis=-1)
+
+    if S == 0:
+        nan = np.full(lead, np.nan)
+        return nan, nan.copy(), nan.copy(), 0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a resample may leave a trial empty: it is left out
+        value = means(np.ones((1, S)))[:, 0]
+        if S < 2:
+            nan = np.full(value.shape, np.nan)
+            return value.reshape(lead), nan.reshape(lead), nan.copy().reshape(lead), S
+        rng = np.random.default_rng(seed)
+        w = rng.multinomial(S, np.full(S, 1 / S), size=n_boot).astype(float)
+        boots = means(w)
+    a = (1 - confidence) / 2
+    lo, hi = np.nanquantile(boots, a, axis=1), np.nanquantile(boots, 1 - a, axis=1)
+    return value.reshape(lead), lo.reshape(lead), hi.reshape(lead), S
+
+
 def permutation_pvalue(observed: float, null: Sequence[float] | np.ndarray, alternative: str = "greater") -> float:
     """p-value of ``observed`` against null draws: ``(1 + #{null at least as extreme}) / (1 + n_null)``.
 

@@ -1,28 +1,27 @@
 """Three real model families side by side: readout, LRE (the authors' protocol), superposition.
 
-    python -m probes.families --run            # runs every missing part into runs/fam (hours on 2 CPU cores)
-    python -m probes.families                  # tables (markdown) + docs/img/families.png from finished runs
+    python -m probes.families --run --relations DIR   # runs every missing part into runs/fam (hours on 2 CPU cores)
+    python -m probes.families                         # tables (markdown) + figures, from the run folders alone
 
+``DIR`` is the LRE authors' data folder (github evandez/relations, ``data/``: ``factual/`` and ``linguistic/``).
 What it runs, per packaged model (``mechfact llm models``; install lines in the README):
 
 * ``mechfact llm probe --layers all --k-shot 3 --max-samples 40`` (the 14 shipped relations);
-* ``mechfact llm lre --relations ../shared/data/lre/{factual,linguistic} --max-samples 50 --max-test 10``
-  (the authors' protocol, 3 trials (1 where ``TRIALS`` says so), every one of their 32 relations at the middle
-  layer; external data, read in place), and a layer sweep (``--layers``, 1 trial, 3-set known filter) on the
-  relations of ``SWEEP`` for ``SWEEP_MODELS``;
-* ``mechfact llm superposition`` on the shipped countries at every ``STRIDE``-th layer, 2 splits.
+* ``mechfact llm lre --relations DIR/{factual,linguistic}``: the authors' protocol with its defaults (whole
+  relation files, 8 trials, fixed beta 2.25, rank chosen on training facts) at the middle layer, and a layer
+  sweep (``--layers``; faithfulness and edit layers chosen on training facts) on the relations of ``SWEEP``;
+* ``mechfact llm superposition`` on the shipped countries at every ``STRIDE``-th layer.
 
 Run folders: ``runs/fam/<model>/{probe,lre_authors_factual,lre_authors_linguistic,lre_layers_<part>,superposition}``.
-Reruns skip finished runs (and a stopped run resumes relation by relation). ``--previous docs/results_llm.md``
-fills the LRE cells of runs that are not in ``--out`` from the tables of an earlier write-up (the record of runs
-made on another machine), so the table and figure cover every family.
+Reruns skip finished runs (and a stopped run resumes relation by relation). Every number printed comes from
+these run folders; a part split over several processes (``lre_authors_<part>_*``, each with its own
+``--relation-names``) is read as one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,15 +32,10 @@ MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")
 PARTS = ("factual", "linguistic")  # folders of ../shared/data/lre
 SWEEP = {"factual": ("country capital city", "person native language", "landmark on continent"),
          "linguistic": ("adjective comparative", "word first letter")}
-# trials of the LRE estimate where 3 did not fit the time: the known filter keeps 3 example sets (--filter-trials 3),
-# so the known facts and the one trial are those of the 3-trial run (Qwen's factual part: ~45 s a Jacobian)
-ONE_TRIAL = ["--trials", "1", "--filter-trials", "3"]
-TRIALS = {("qwen2.5-0.5b", "factual"): ONE_TRIAL}
 SWEEP_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")  # Qwen's: ~20 min a relation on one CPU core
 SWEEP_LAYERS = {"smollm2-135m": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15", "qwen2.5-0.5b": "2,7,12,16,20"}
 STRIDE = {"smollm2-135m": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
           "qwen2.5-0.5b": "0,3,6,9,12,15,18,21,23"}
-LRE_DATA = Path("..") / "shared" / "data" / "lre"
 LRE_LAYER = {"smollm2-135m": 15, "gemma3-270m": 9, "qwen2.5-0.5b": 12}  # n_layers // 2, the default
 # The authors' LRE faithfulness (recall@1, in-context prompt) per relation for GPT-J and LLaMA-13B, as stored in
 # their repository evandez/relations, notebooks/figures/relation_order_{gptj,llama-13b}.json (commit 093c389),
@@ -66,19 +60,17 @@ def _read(path: Path):
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def run(out: Path) -> None:
+def run(out: Path, data: Path) -> None:
     cli = [sys.executable, "-m", "mechfact.cli"]
     for m in MODELS:
         jobs = [(out / m / "probe", ["llm", "probe", "--model", m, "--layers", "all", "--k-shot", "3",
                                       "--max-samples", "40"])]
-        lre = ["llm", "lre", "--model", m, "--max-samples", "50", "--max-test", "10"]
+        lre = ["llm", "lre", "--model", m]
         for part in PARTS:
-            jobs.append((out / m / f"lre_authors_{part}", lre + ["--relations", str(LRE_DATA / part),
-                                                                  *TRIALS.get((m, part), ["--trials", "3"])]))
+            jobs.append((out / m / f"lre_authors_{part}", lre + ["--relations", str(data / part)]))
         for part in PARTS if m in SWEEP_MODELS else ():
-            jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(LRE_DATA / part), "--relation-names",
-                                                                 *SWEEP[part], "--layers", SWEEP_LAYERS[m],
-                                                                 *ONE_TRIAL]))
+            jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(data / part), "--relation-names",
+                                                                 *SWEEP[part], "--layers", SWEEP_LAYERS[m]]))
         jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
                                                  "--splits", "2"]))
         for folder, argv in jobs:
@@ -114,71 +106,63 @@ def _lre_rows(out: Path, m: str, kind: str = "authors") -> dict[str, dict]:
     return rows
 
 
-_CELL = re.compile(r"(?P<k>\d+)/(?P<n>\d+)(?::| known:) (?:F (?P<f>[\d.]+) \(β (?P<b>[\d.]+)\), "
-                   r"C (?:(?P<c>[\d.]+) \(r (?P<r>\d+)\)|—)|too few known|skipped)")
-
-
-def parse_cell(cell: str) -> dict | None:
-    """The numbers of one cell written by :func:`_lre_cell` (None for 'not run'); ValueError for anything else."""
-    cell = cell.strip()
-    if cell == "not run":
-        return None
-    m = _CELL.fullmatch(cell)
-    if m is None:
-        raise ValueError(f"LRE table cell {cell!r}: not in the form '12/27: F 0.76 (β 3), C 0.38 (r 32)'")
-    num = lambda k, t=float: None if m[k] is None else t(m[k])  # noqa: E731
-    return {"n_known": int(m["k"]), "n_samples": int(m["n"]), "faithfulness": num("f"), "faithfulness_best_beta": num("f"),
-            "best_beta": num("b"), "causality_best_rank": num("c"), "best_rank": num("r", int), "previous": True}
-
-
-def previous_lre(text: str) -> dict[str, dict[str, dict]]:
-    """{model: {relation: parsed cell}} from every LRE table (header '| relation | <model> (layer N) |...') of a
-    markdown write-up; a relation in several tables keeps its first cell that is not 'not run'."""
-    out: dict[str, dict[str, dict]] = {m: {} for m in MODELS}
-    cols = None
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
-        if cells and cells[0] == "relation":
-            cols = [next((m for m in MODELS if c.startswith(f"{m} (layer ")), None) for c in cells[1:]]
-            cols = cols if any(cols) else None
-        elif cells is None:
-            cols = None
-        elif cols and not set(cells[0]) <= set("-"):
-            for m, cell in zip(cols, cells[1:]):
-                x = parse_cell(cell) if m else None
-                if x is not None and cells[0] not in out[m]:
-                    out[m][cells[0]] = {**x, "relation": cells[0]}
-    return out
+def _ci(x: dict, key: str) -> str:
+    v, ci = x.get(key), x.get(f"{key}_ci") or [None, None]
+    if v is None:
+        return "—"
+    return f"{v:.2f}" if ci[0] is None else f"{v:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def _lre_cell(x: dict | None) -> str:
+    """n_known / n_samples, n_test, faithfulness at the fixed beta [95%], at the model beta, the bias-only and
+    majority baselines, causality at the train-chosen rank [95%]; degenerate cells marked."""
     if x is None:
         return "not run"
     known = f"{x['n_known']}/{x['n_samples']}"
     if x["faithfulness"] is None:
         return f"{known}: too few known"
-    c = "—" if x.get("causality_best_rank") is None else f"{x['causality_best_rank']:.2f} (r {x['best_rank']})"
-    return f"{known}: F {x['faithfulness_best_beta']:.2f} (β {x['best_beta']:g}), C {c}"
+    deg = " **degenerate (one object)**" if x.get("degenerate") else ""
+    return (f"{known}, n {x['n_test']}×{x.get('n_trials')}: F {_ci(x, 'faithfulness')}, F(β*) "
+            f"{_ci(x, 'faithfulness_model_beta')}, β0 {_ci(x, 'faithfulness_bias_only')}, maj "
+            f"{_ci(x, 'majority_baseline')}, C {_ci(x, 'causality')} (r {x.get('rank')}){deg}")
 
 
-def _lre_all(out: Path, previous: dict | None) -> dict[str, dict[str, dict]]:
-    """Per model, the rows of the runs in ``out``, and where a relation has no run there, its previous cell."""
+def _lre_all(out: Path) -> dict[str, dict[str, dict]]:
+    """Per model, its relation rows; each row gets ``faithfulness_model_beta`` at the model's one beta, chosen on
+    the training facts pooled over every relation of both parts (the authors' rule: one beta per model)."""
+    from mechfact.llm import lre_authors
+
     res = {m: _lre_rows(out, m) for m in MODELS}
-    parts = {n: x["part"] for r in res.values() for n, x in r.items()}
-    for m, rows in (previous or {}).items():
-        for n, x in rows.items():
-            res[m].setdefault(n, {**x, "part": parts.get(n, "linguistic" if n in LINGUISTIC else "factual")})
+    for rows in res.values():
+        if any(r.get("train_faithfulness_by_beta") for r in rows.values()):
+            lre_authors.add_model_beta(list(rows.values()))
     return res
 
 
-LINGUISTIC = ("adjective antonym", "adjective comparative", "adjective superlative", "verb past tense",
-              "word first letter", "word last letter")
+def spearman_rows(out: Path, part: str | None = None) -> list[dict]:
+    """Per model and reference (GPT-J, LLaMA-13B): Spearman's rho of faithfulness at the model's one beta (chosen
+    on training facts, the authors' rule for their published numbers) against theirs, over the non-degenerate
+    scored relations both have, with a bootstrap interval and a permutation p-value."""
+    from mechfact import stats
+
+    res = _lre_all(out)
+    rows = []
+    for m in MODELS:
+        for k, ref in enumerate(("GPT-J", "LLaMA-13B")):
+            pairs = [(x["faithfulness_model_beta"], PUBLISHED[n][k]) for n, x in res[m].items()
+                     if (part is None or x["part"] == part) and x.get("faithfulness_model_beta") is not None
+                     and not x.get("degenerate") and n in PUBLISHED and PUBLISHED[n][k] is not None]
+            if len(pairs) < 3:
+                continue
+            s = stats.spearman([a for a, _ in pairs], [b for _, b in pairs], seed=0)
+            rows.append({"model": m, "reference": ref, "part": part or "all", **s})
+    return rows
 
 
-def lre_table(out: Path, previous: dict | None = None, part: str | None = None) -> str:
-    """Every relation of the authors' dataset (or of one ``part``): known facts, faithfulness at the best beta,
-    causality at the best rank, per model (middle layer), beside what the authors published (``PUBLISHED``)."""
-    res = _lre_all(out, previous)
+def lre_table(out: Path, part: str | None = None) -> str:
+    """Every relation of the authors' dataset (or of one ``part``) per model (middle layer), beside what the
+    authors published (``PUBLISHED``), then the means over non-degenerate relations and the rank correlations."""
+    res = _lre_all(out)
     if part is not None:
         res = {m: {n: x for n, x in r.items() if x["part"] == part} for m, r in res.items()}
     names = sorted({n for r in res.values() for n in r}, key=lambda n: (next(r[n]["part"] for r in res.values()
@@ -188,17 +172,22 @@ def lre_table(out: Path, previous: dict | None = None, part: str | None = None) 
             "|---|" + "---|" * (len(MODELS) + 1)]
     for n in names:
         rows.append(f"| {n} | " + " | ".join(_lre_cell(res[m].get(n)) for m in MODELS) + f" | {_published(n)} |")
-    for m in MODELS:  # means over the relations with a score, and how many
-        xs = [x for x in res[m].values() if x["faithfulness"] is not None]
-        if xs:
-            cs = [x["causality_best_rank"] for x in xs if x.get("causality_best_rank") is not None]
-            ran = [x for x in xs if x.get("causality_by_rank")]  # full-rank numbers: runs in --out only
-            full = (f"; at full rank ({len(ran)} of them) the authors' edit "
-                    f"{np.mean([_full(x, 'causality_by_rank') for x in ran]):.2f}, the projection baseline "
-                    f"{np.mean([_full(x, 'causality_projection_baseline_by_rank') for x in ran]):.2f}") if ran else ""
-            rows.append(f"\n{m}: {len(xs)} of {len(res[m])} relations scored; mean faithfulness (best beta) "
-                        f"{np.mean([x['faithfulness_best_beta'] for x in xs]):.2f}, mean causality (best rank) "
-                        f"{np.mean(cs):.2f}{full}")
+    from mechfact.llm import lre_authors
+
+    for m in MODELS:  # means over the non-degenerate relations with a score, intervals over relations
+        xs = list(res[m].values())
+        if any(x["faithfulness"] is not None for x in xs):
+            s = lre_authors.summary(xs)
+            mb = next((x.get("model_beta") for x in xs if x.get("model_beta") is not None), None)
+            rows.append(f"\n{m}: {s['mean_faithfulness_n']} relations scored and not degenerate "
+                        f"({s['n_relations_degenerate']} degenerate) of {len(xs)}; means over them "
+                        f"[95% bootstrap over relations]: F at beta {xs[0].get('beta')} "
+                        f"{_ci(s, 'mean_faithfulness')}, at the model beta {mb} {_ci(s, 'mean_faithfulness_model_beta')}, "
+                        f"bias only {_ci(s, 'mean_faithfulness_bias_only')}, majority object "
+                        f"{_ci(s, 'mean_majority_baseline')}, C {_ci(s, 'mean_causality')}")
+    for r in spearman_rows(out, part):
+        rows.append(f"\nSpearman {r['model']} vs {r['reference']} ({r['rho_n']} relations): rho {r['rho']:.2f} "
+                    f"[{r['rho_ci'][0]:.2f}, {r['rho_ci'][1]:.2f}], permutation p {r['p_value']:.3f}")
     return "\n".join(rows)
 
 
@@ -208,38 +197,44 @@ def _published(name: str) -> str:
     return " / ".join("failed" if v is None else f"{v:.2f}" for v in PUBLISHED[name])
 
 
-def _full(x: dict, key: str) -> float:
-    return x[key][max(x[key], key=int)]
-
-
 def lre_sweep_table(out: Path) -> str:
-    rows = ["| relation | model | F (best beta) by layer | C (best rank) by layer | best layer |", "|---|---|---|---|---|"]
+    rows = ["| relation | model | F (train beta) by layer | C (train rank) by layer | layers chosen on training "
+            "facts: F / C |", "|---|---|---|---|---|"]
     for m in MODELS:
         for n, x in _lre_rows(out, m, "layers").items():
             if not x.get("by_layer"):
                 continue
-            f = ", ".join(f"{b['layer']}: {b['faithfulness_best_beta']:.2f}" for b in x["by_layer"])
-            c = ", ".join(f"{b['layer']}: {b['causality_best_rank']:.2f}" if b["causality_best_rank"] is not None
+            f = ", ".join(f"{b['layer']}: {b['faithfulness_train_beta']:.2f}" for b in x["by_layer"]
+                          if b.get("faithfulness_train_beta") is not None)
+            c = ", ".join(f"{b['layer']}: {b['causality']:.2f}" if b.get("causality") is not None
                           else f"{b['layer']}: —" for b in x["by_layer"])
-            rows.append(f"| {n} | {m} | {f} | {c} | {x['best_layer']} |")
+            rows.append(f"| {n} | {m} | {f} | {c} | {x['layer']} / {x.get('edit_layer')} |")
     return "\n".join(rows)
 
 
-def lre_figure(out: Path, path: Path, previous: dict | None = None) -> None:
-    """Faithfulness and causality per relation, the three models side by side (middle layer)."""
+def lre_figure(out: Path, path: Path) -> None:
+    """Faithfulness (fixed beta) and causality (rank chosen on training facts) per relation with 95% intervals,
+    the three models side by side (middle layer); degenerate relations hatched."""
     from mechfact.plotting import save, subplots
 
-    res = _lre_all(out, previous)
+    res = _lre_all(out)
     names = sorted({n for r in res.values() for n in r if r[n]["faithfulness"] is not None})
     if not names:
         return
     fig, axes = subplots(1, 2, figsize=(11.0, 1.5 + 0.28 * len(names)), sharey=True, layout="constrained")
     y = np.arange(len(names))
-    for ax, key, title in ((axes[0], "faithfulness_best_beta", "LRE faithfulness (best beta)"),
-                           (axes[1], "causality_best_rank", "LRE causality (the authors' edit, best rank)")):
+    for ax, key, title in ((axes[0], "faithfulness", "LRE faithfulness (fixed beta)"),
+                           (axes[1], "causality", "LRE causality (rank chosen on training facts)")):
         for k, m in enumerate(MODELS):
-            v = [(res[m].get(n) or {}).get(key) for n in names]
-            ax.barh(y + (k - 1) * 0.27, [0 if a is None else a for a in v], 0.27, color=COLORS[m], label=m)
+            xs = [res[m].get(n) or {} for n in names]
+            v = [x.get(key) for x in xs]
+            err = np.zeros((2, len(v)))
+            for i, x in enumerate(xs):
+                ci = x.get(f"{key}_ci")
+                if v[i] is not None and ci and ci[0] is not None:
+                    err[:, i] = [v[i] - ci[0], ci[1] - v[i]]
+            ax.barh(y + (k - 1) * 0.27, [0 if a is None else a for a in v], 0.27, xerr=err, color=COLORS[m],
+                    label=m, hatch=["//" if x.get("degenerate") else "" for x in xs], error_kw={"lw": 0.6})
             for i, a in enumerate(v):  # no score (too few known facts, no edit target): say so, unlike a 0
                 if a is None:
                     ax.text(0.005, y[i] + (k - 1) * 0.27, "not scored", fontsize=5, color=COLORS[m], va="center")
@@ -286,20 +281,22 @@ def main(argv=None) -> None:
     ap.add_argument("--run", action="store_true", help="run what is missing first")
     ap.add_argument("--figure", default="docs/img/families.png")
     ap.add_argument("--lre-figure", default="docs/img/families_lre.png")
-    ap.add_argument("--previous", default=None, metavar="MD",
-                    help="an earlier write-up (docs/results_llm.md) whose LRE tables fill the runs not in --out")
+    ap.add_argument("--relations", default=None, metavar="DIR",
+                    help="with --run: the LRE authors' data folder (github evandez/relations, data/), holding "
+                         "factual/ and linguistic/")
     a = ap.parse_args(argv)
     out = Path(a.out)
     if a.run:
-        run(out)
-    prev = previous_lre(Path(a.previous).read_text()) if a.previous else None
+        if a.relations is None or not all((Path(a.relations) / p).is_dir() for p in PARTS):
+            ap.error(f"--run needs --relations DIR with {' and '.join(PARTS)} folders (got {a.relations})")
+        run(out, Path(a.relations))
     print(readout_table(out), "\n")
     for part in PARTS:
-        print(lre_table(out, prev, part), "\n")
+        print(lre_table(out, part), "\n")
     print(lre_sweep_table(out), "\n")
     print(superposition_table(out))
     figure(out, Path(a.figure))
-    lre_figure(out, Path(a.lre_figure), prev)
+    lre_figure(out, Path(a.lre_figure))
 
 
 if __name__ == "__main__":

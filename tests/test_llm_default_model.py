@@ -57,4 +57,4 @@ def test_authors_causality_edit_is_not_the_trivial_insertion(lm):
     assert res.n_known >= 15 and res.n_causality >= 5, d
     assert res.causality_by_rank["576"] <= 0.2, d
     assert res.causality_projection_baseline_by_rank["576"] >= res.causality_by_rank["576"] + 0.4, d
-    assert max(res.causality_by_rank.values()) >= 0.3 and res.faithfulness_best_beta >= 0.6, d
+    assert max(res.causality_by_rank.values()) >= 0.3 and res.faithfulness_train_beta >= 0.6, d

@@ -56,4 +56,4 @@ def test_family_knows_reads_and_is_linear(lm):
 
     cap = mechfact.load_relations(names=["country_capital"])[0].subset(30)
     op = mechfact.lre(lm, cap, layer=n // 2, n_train=5, n_trials=1, max_test=8, ranks=[64], cache_states=False)
-    assert op.n_known >= 10 and op.faithfulness_best_beta >= 0.5, (name, op.to_dict())  # measured: MEASURED[name][2]
+    assert op.n_known >= 10 and op.faithfulness_train_beta >= 0.5, (name, op.to_dict())  # measured: MEASURED[name][2]

@@ -167,6 +167,7 @@ def test_readout_finds_a_real_signal_and_not_a_shuffled_one():
     real = layer_readouts(rs, None, cfg, seed=0)[0]
     assert real["readout_accuracy"] >= 0.9, real
     assert real["control_accuracy"] <= 0.5 and real["chance"] <= 0.5, real
+    assert real["readout_accuracy_n"] == real["n_test"] >= 40 and real["readout_accuracy_ci"][0] > 0.75, real
     perm = rng.permutation(n)
     shuffled = RelationStates(**{**rs.__dict__, "states": rs.states[:, perm]})
     sh = layer_readouts(shuffled, None, cfg, seed=0)[0]
@@ -253,20 +254,24 @@ def test_every_relation_file_of_the_lre_authors_loads():
         assert len(rels) == len(files), (part, len(rels), len(files))
 
 
-def test_stratified_splits_balance_objects_and_report_both_baselines():
-    from mechfact.probes.readout import linear_readout, stratified_split_indices
+def test_linear_readout_reports_the_baselines_and_the_ceiling_with_intervals():
+    from mechfact import stats
+    from mechfact.probes.readout import REPORTED, linear_readout
 
     y = np.repeat(np.arange(5), [20, 8, 4, 2, 1])  # 35 items, unbalanced, one singleton
-    for s in range(5):
-        tr, te = stratified_split_indices(y, 0.25, seed=s)
-        assert len(np.intersect1d(tr, te)) == 0 and len(tr) + len(te) == len(y)
-        counts = {c: int((y[te] == c).sum()) for c in range(4)}
-        assert counts == {0: 5, 1: 2, 2: 1, 3: 1}  # round(0.25 n), at least 1, never all of a class
+    te = np.array([0, 1, 2, 3, 4, 20, 21, 28, 32, 34])  # the singleton's only item is in the test part
+    tr = np.setdiff1d(np.arange(len(y)), te)
     X = np.random.default_rng(0).normal(size=(len(y), 4))
-    sc = linear_readout(X, y, tr, te, kind="classifier")
+    sc = linear_readout(X, y, tr, te, kind="classifier").to_dict()
     p = np.bincount(y[tr], minlength=5) / len(tr)
-    assert sc.prior_baseline == pytest.approx(float(np.mean(p[y[te]])))
-    assert sc.chance == pytest.approx(float(np.mean(y[te] == 0)))  # the majority-class rate
+    assert sc["prior_baseline"] == pytest.approx(float(np.mean(p[y[te]])))
+    assert sc["chance"] == pytest.approx(float(np.mean(y[te] == 0)))  # the majority-class rate
+    assert sc["ceiling"] == pytest.approx(0.9)  # object 4 never occurs in training: no classifier names it
+    assert sc["accuracy"] <= sc["ceiling"]
+    stats.check_reported(sc, REPORTED)
+    for k in REPORTED:
+        lo, hi = sc[f"{k}_ci"]
+        assert sc[f"{k}_n"] == len(te) and lo <= sc[k] <= hi and hi - lo > 0, (k, sc[k], lo, hi)
 
 
 def test_prefix_match_is_the_authors_rule():
@@ -295,50 +300,81 @@ def test_authors_prompts_show_the_training_facts_and_never_the_query(tiny):
         assert lines[-1] == f"The colour of {rel.subjects[i]} is"
 
 
-def test_authors_protocol_sweeps_beta_and_rank_and_keeps_the_projection_baseline(tiny, one_thread):
+def test_authors_protocol_reports_fixed_and_train_chosen_numbers_with_intervals(tiny, one_thread):
     import mechfact
+    from mechfact import stats
     from mechfact.llm.lre import AUTHORS_BETAS
     from mechfact.llm.relations import load_relations
 
     lm = tiny["models"]["qwen2"]
     rel = load_relations(tiny["relations"], ["tiny_colour"])[0]
     res = mechfact.lre(lm, rel, layer=1, n_train=3, facts="all", n_trials=2, chunk=16)
+    d = res.to_dict()
     assert res.n_trials == 2 and res.n_test > 0 and len(res.faithfulness_by_beta) == len(AUTHORS_BETAS) == 21
-    assert res.best_beta in AUTHORS_BETAS and res.faithfulness_best_beta >= res.faithfulness
-    assert set(res.causality_by_rank) == set(res.causality_projection_baseline_by_rank) == {"16", "32", "48"}
-    assert res.causality == res.causality_by_rank["48"]  # --rank 64 capped at d_model
+    assert d["beta"] == 2.25 and d["faithfulness_selected_on"] == "fixed"
+    assert d["train_beta"] in AUTHORS_BETAS and d["faithfulness_train_beta_selected_on"] == "train"
+    assert d["faithfulness_train_beta"] == d["faithfulness_by_beta"][str(d["train_beta"])]
+    assert d["faithfulness_bias_only"] == d["faithfulness_by_beta"]["0.0"]
+    assert d["faithfulness_best_on_test_upper_bound"] == max(d["faithfulness_by_beta"].values())
+    stats.check_reported(d, ["faithfulness", "faithfulness_train_beta", "faithfulness_bias_only", "majority_baseline",
+                             "causality", "faithfulness_model_beta"])
+    assert set(d["train_faithfulness_by_beta"]) == {str(b) for b in AUTHORS_BETAS}
+    if d["causality"] is not None:
+        assert set(d["causality_by_rank"]) == {"16", "32", "48"} and d["rank"] in (16, 32, 48)
+        assert d["causality"] == d["causality_by_rank"][str(d["rank"])]
     known = mechfact.lre(lm, rel, layer=1, n_train=3, n_trials=2, chunk=16)  # a random model knows nothing
-    assert known.n_known <= 2 and known.faithfulness is None
+    assert known.faithfulness is None and known.n_trials == 0
 
 
-def test_filter_trials_keeps_the_known_facts_and_first_trial_of_the_full_run(tiny, monkeypatch, one_thread):
-    """--trials 1 --filter-trials 3 = the 3-trial run's known facts and its first trial; a 1-set filter keeps at
-    least as many facts (its one example set is the first of the three). A random model knows nothing, so "right"
-    is every call but each 7th, counted from the start of each run (the runs judge in the same order)."""
-    import itertools
+def test_authors_split_is_object_balanced_and_drops_training_subjects():
+    import numpy as np
+
+    from mechfact.llm.lre_authors import max_coverage_split
+
+    objects = ["red"] * 8 + ["blue"] * 3 + ["green"]
+    subjects = [f"s{i}" for i in range(11)] + ["s0"]  # s0 also has the one green fact
+    for seed in range(20):
+        train, test = max_coverage_split(objects, subjects, 3, np.random.default_rng(seed))
+        assert sorted(objects[i] for i in train) == ["blue", "green", "red"]  # every object once before repeats
+        assert not {subjects[i] for i in train} & {subjects[i] for i in test}
+        assert len(train) + len(test) + sum(subjects[i] in {subjects[j] for j in train} for i in range(12)
+                                            if i not in train) == 12
+
+
+def _noise_relation(n=60, n_obj=6):
+    from mechfact.llm.relations import Relation
+
+    syll = ["ka", "lo", "mi", "ne", "pu", "ri", "so", "tu", "ve", "zo"]
+    subjects = [syll[i % 10] + syll[(i // 10) % 10] + syll[(3 * i + 1) % 10] for i in range(n)]
+    objects = ["red", "blue", "green", "pink", "grey", "teal"][:n_obj]
+    return Relation("noise", ["The colour of {} is"], [(s, objects[i % n_obj]) for i, s in enumerate(subjects)])
+
+
+def test_lre_on_answers_unrelated_to_the_model_scores_chance_and_selection_sees_training_facts_only(
+        tiny, monkeypatch, one_thread):
+    """Every "is this right" is a fair coin, whatever the model says: the number reported (beta chosen on the
+    training facts) sits at 0.5 with a wide interval, and the beta and rank selectors only ever receive the
+    training facts' counts (n_train per trial), never the scored test facts."""
+    import numpy as np
 
     import mechfact
-    from mechfact.llm import lre as L
-    from mechfact.llm import prompts
-    from mechfact.llm.relations import load_relations
+    from mechfact.llm import lre_authors as A
 
-    lm = tiny["models"]["qwen2"]
-    rel = load_relations(tiny["relations"], ["tiny_colour"])[0]
-    pick = L._balanced_pick
-
-    def run(**kw):
-        calls, picks = itertools.count(), []
-        monkeypatch.setattr(prompts, "prefix_match", lambda tok, token, objects: next(calls) % 7 != 6)
-        monkeypatch.setattr(L, "_balanced_pick", lambda *a: picks.append(pick(*a)) or picks[-1])
-        return mechfact.lre(lm, rel, layer=1, n_train=2, chunk=16, ranks=[8], cache_states=False, **kw), picks
-
-    (full, fp), (one, op), (weak, wp) = run(n_trials=3), run(n_trials=1, filter_trials=3), run(n_trials=1,
-                                                                                               filter_trials=1)
-    assert 4 <= full.n_known < weak.n_known, (full.n_known, weak.n_known)  # the filter has teeth, leaves facts
-    assert one.n_known == full.n_known and full.n_trials == 3 and one.n_trials == 1
-    assert len(fp) == 3 and op == fp[:1] and one.faithfulness_trials == full.faithfulness_trials[:1]
-    with pytest.raises(ValueError, match="--filter-trials 0"):
-        mechfact.lre(lm, rel, layer=1, filter_trials=0)
+    coin = np.random.default_rng(0)
+    monkeypatch.setattr(A, "prefix_match", lambda tok, token, objects: bool(coin.random() < 0.5))
+    seen = {"beta": [], "rank": []}
+    sb, sr = A.select_beta, A.select_rank
+    monkeypatch.setattr(A, "select_beta", lambda hits, n, fixed: seen["beta"].append(n) or sb(hits, n, fixed))
+    monkeypatch.setattr(A, "select_rank", lambda hits, n, ranks: seen["rank"].append(n) or sr(hits, n, ranks))
+    lm = tiny["models"]["llama"]
+    res = mechfact.lre(lm, _noise_relation(), layer=1, n_train=4, n_trials=3, chunk=16, ranks=[8, 48]).to_dict()
+    assert res["n_trials"] == 3 and res["n_test"] >= 15
+    lo, hi = res["faithfulness_train_beta_ci"]
+    assert lo < 0.5 < hi and hi - lo > 0.12, res["faithfulness_train_beta_ci"]
+    assert abs(res["faithfulness_train_beta"] - 0.5) < 0.2
+    assert seen["beta"] and set(seen["beta"]) == {4 * 3}  # 4 leave-one-out training facts x 3 trials
+    assert seen["rank"] and max(seen["rank"]) <= 4 * 3
+    assert res["faithfulness_best_on_test_upper_bound"] >= res["faithfulness_train_beta"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -368,8 +404,8 @@ def test_batched_edits_match_patching_the_whole_prompt(tiny, family, one_thread)
 
 
 def test_lre_layer_sweep_equals_single_layer_runs(tiny, tmp_path, one_thread):
-    """A sweep shares known facts, training facts and edit targets across layers: each layer's row is the row
-    of a single-layer run at that layer; the relation is reported at its best layer."""
+    """A sweep shares the trials' splits, known facts and edit targets across layers: each layer's row is the
+    row of a single-layer run at that layer; the relation is reported at the layers its training facts choose."""
     from mechfact.llm.lre import LreConfig, run_llm_lre
 
     lm = tiny["models"]["qwen2"]
@@ -379,12 +415,16 @@ def test_lre_layer_sweep_equals_single_layer_runs(tiny, tmp_path, one_thread):
     assert sweep["layers"] == [0, 1] and sweep["layer"] is None
     rows = {r["layer"]: r for r in sweep["per_relation_layer"]}
     assert set(rows) == {0, 1}
+    added = ("edit_layer", "layer_selected_on", "model_beta", "faithfulness_model_beta")
     for layer in (0, 1):
         one = run_llm_lre(LreConfig(layer=layer, **opts), tmp_path / f"l{layer}", lm=lm)["per_relation"][0]
-        assert one == rows[layer]
+        assert {k: v for k, v in one.items() if not k.startswith(added)} == \
+            {k: v for k, v in rows[layer].items() if not k.startswith(added)}
     best = sweep["per_relation"][0]
-    assert best["best_layer"] in (0, 1) and [b["layer"] for b in best["by_layer"]] == [0, 1]
-    assert best["faithfulness_best_beta"] == max(r["faithfulness_best_beta"] for r in rows.values())
+    rate = {l: r["train_faithfulness_by_beta"][str(r["train_beta"])] for l, r in rows.items()}
+    rate = {l: h / n for l, (h, n) in rate.items()}
+    assert best["layer"] == max(sorted(rate), key=lambda l: rate[l]) and best["layer_selected_on"] == "train"
+    assert best["edit_layer"] in (0, 1) and [b["layer"] for b in best["by_layer"]] == [0, 1]
     assert (tmp_path / "sweep" / "fig_lre.png").exists()
     with pytest.raises(ValueError, match="--layer 1 and --layers"):
         LreConfig(layer=1, layers=[0, 1])

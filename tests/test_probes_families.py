@@ -1,43 +1,61 @@
-"""probes.families reads its earlier write-up back: every cell it writes parses to the same numbers."""
+"""probes.families builds its LRE tables from run folders alone: one beta per model chosen on training facts,
+degenerate relations out of the means, Spearman against the published numbers with an interval."""
+
+import json
 
 import pytest
 
+from mechfact.llm.lre_authors import AUTHORS_BETAS
 from probes import families as F
 
 
-@pytest.mark.parametrize("row", [
-    {"n_known": 12, "n_samples": 27, "faithfulness": 0.7, "faithfulness_best_beta": 0.76, "best_beta": 3.25,
-     "causality_best_rank": 0.38, "best_rank": 32},
-    {"n_known": 8, "n_samples": 50, "faithfulness": 1.0, "faithfulness_best_beta": 1.0, "best_beta": 1.0,
-     "causality_best_rank": None, "best_rank": None},
-    {"n_known": 2, "n_samples": 50, "faithfulness": None},
-])
-def test_cells_parse_back_to_their_numbers(row):
-    got = F.parse_cell(F._lre_cell(row))
-    assert (got["n_known"], got["n_samples"]) == (row["n_known"], row["n_samples"])
-    if row["faithfulness"] is None:
-        assert got["faithfulness"] is None and got["causality_best_rank"] is None
-    else:
-        assert got["faithfulness_best_beta"] == round(row["faithfulness_best_beta"], 2)
-        assert got["best_beta"] == row["best_beta"] and got["best_rank"] == row["best_rank"]
-        assert got["causality_best_rank"] == (None if row["causality_best_rank"] is None
-                                              else round(row["causality_best_rank"], 2))
+def _row(name, f_by_beta, train_best, degenerate=False):
+    """A per_relation row as `mechfact llm lre` writes it: test faithfulness per beta, training hits peaking at
+    ``train_best``."""
+    fb = {str(b): f_by_beta(b) for b in AUTHORS_BETAS}
+    return {"relation": name, "kind": "many_to_one", "n_samples": 40, "n_known": 30, "n_test": 20, "n_trials": 8,
+            "beta": 2.25, "degenerate": degenerate, "faithfulness": fb["2.25"], "faithfulness_ci": [0.1, 0.9],
+            "faithfulness_n": 20, "faithfulness_by_beta": fb,
+            "faithfulness_by_beta_ci": {k: [max(0, v - 0.1), min(1, v + 0.1)] for k, v in fb.items()},
+            "train_faithfulness_by_beta": {str(b): [40 if b == train_best else 10, 40] for b in AUTHORS_BETAS},
+            "faithfulness_bias_only": 0.05, "faithfulness_bias_only_ci": [0, 0.2], "faithfulness_bias_only_n": 20,
+            "majority_baseline": 0.2, "majority_baseline_ci": [0.1, 0.3], "majority_baseline_n": 20,
+            "causality": 0.5, "causality_ci": [0.3, 0.7], "causality_n": 20, "rank": 64}
 
 
-def test_previous_tables_fill_missing_runs_only(tmp_path):
-    md = "\n".join([
-        "| relation | smollm2-135m (layer 15) | gemma3-270m (layer 9) | qwen2.5-0.5b (layer 12) | authors |",
-        "|---|---|---|---|---|",
-        "| country capital city | 14/24: F 0.89 (β 1), C 0.96 (r 128) | not run | 3/24: too few known | 0.88 |",
-        "",
-        "| relation | model | F by layer |",  # another table: not an LRE table of the families
-        "| country capital city | smollm2-135m | 3: 0.50 |",
-    ])
-    prev = F.previous_lre(md)
-    assert prev["smollm2-135m"]["country capital city"]["faithfulness_best_beta"] == 0.89
-    assert "country capital city" not in prev["gemma3-270m"]
-    assert prev["qwen2.5-0.5b"]["country capital city"]["faithfulness"] is None
-    table = F.lre_table(tmp_path, prev)  # no runs in tmp_path: the previous cells come back as they were
-    assert "| country capital city | 14/24: F 0.89 (β 1), C 0.96 (r 128) | not run | 3/24: too few known |" in table
-    with pytest.raises(ValueError, match="'F high'"):
-        F.parse_cell("F high")
+def _write(out, model, rows):
+    d = out / model / "lre_authors_factual"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"per_relation": rows}))
+
+
+def test_model_beta_is_chosen_on_training_facts_and_spearman_uses_it(tmp_path):
+    names = [n for n, (g, _) in F.PUBLISHED.items() if g is not None][:12]
+    # test faithfulness at beta 1.0 follows GPT-J's order; at every other beta it runs against it. Training
+    # hits peak at beta 1.0 for most relations, so the model beta is 1.0 and the correlation is positive.
+    rows = []
+    for k, n in enumerate(names):
+        g = F.PUBLISHED[n][0]
+        rows.append(_row(n, lambda b, g=g: g if b == 1.0 else 1 - g, 1.0 if k % 4 else 3.0))
+    _write(tmp_path, "smollm2-135m", rows)
+    sp = {r["reference"]: r for r in F.spearman_rows(tmp_path)}
+    assert sp["GPT-J"]["rho"] == pytest.approx(1.0) and sp["GPT-J"]["rho_n"] == 12
+    assert sp["GPT-J"]["p_value"] < 0.01 and sp["GPT-J"]["rho_ci"][0] > 0.8
+    table = F.lre_table(tmp_path, "factual")
+    assert "at the model beta 1.0" in table and "Spearman smollm2-135m vs GPT-J (12 relations): rho 1.00" in table
+
+
+def test_degenerate_relations_are_marked_and_left_out_of_the_means(tmp_path):
+    rows = [_row("country capital city", lambda b: 0.5, 2.25), _row("landmark on continent", lambda b: 1.0, 2.25,
+                                                                     degenerate=True)]
+    _write(tmp_path, "smollm2-135m", rows)
+    table = F.lre_table(tmp_path, "factual")
+    assert "degenerate (one object)" in table
+    assert "1 relations scored and not degenerate (1 degenerate)" in table
+    assert "F at beta 2.25 0.50" in table  # the mean is the one non-degenerate relation, not (0.5 + 1.0) / 2
+
+
+def test_families_run_needs_the_relation_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        F.main(["--run", "--out", str(tmp_path), "--relations", str(tmp_path / "nope")])
+    assert e.value.code == 2 and "--run needs --relations DIR" in capsys.readouterr().err

@@ -74,3 +74,19 @@ def test_fields_and_the_reporting_rule():
     stats.check_reported(row, ["faithfulness"])
     with pytest.raises(ValueError, match="causality_ci"):
         stats.check_reported({**row, "causality": 0.5}, ["faithfulness", "causality"])
+
+
+def test_trial_mean_averages_trials_and_resamples_subjects():
+    # two trials, four subjects; trial 0 tests subjects 0-2, trial 1 subjects 1-3
+    counts = np.array([[1, 1, 1, 0], [0, 1, 1, 1]])
+    hits = np.array([[[1, 1, 0, 0], [0, 0, 0, 1]],      # setting 0: 2/3 then 1/3 -> 0.5
+                     [[1, 1, 1, 0], [0, 1, 1, 1]]])     # setting 1: all right -> 1.0
+    v, lo, hi, n = stats.trial_mean(hits, counts, seed=0)
+    assert n == 4 and v == pytest.approx([0.5, 1.0])
+    assert lo[0] < 0.5 < hi[0] and lo[1] == hi[1] == 1.0
+    # shuffled outcomes of a 50% rate over 40 subjects: the interval holds 0.5 and is wide
+    rng = np.random.default_rng(0)
+    c = np.ones((3, 40))
+    h = (rng.random((3, 40)) < 0.5).astype(float)
+    v, lo, hi, n = stats.trial_mean(h, c, seed=1)
+    assert lo < 0.5 < hi and hi - lo > 0.15

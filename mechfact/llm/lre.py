@@ -10,23 +10,11 @@ For a relation and a subject layer ``l``:
 
 Two protocols (``LreConfig.protocol``):
 
-* ``authors`` (default) -- as the authors' code (evandez/relations) computes it:
-  the in-context examples of EVERY prompt are the ``n_train`` training facts
-  (picked object-balanced among the known facts; test facts share no subject
-  with them); a fact is known when the model is right under each of
-  ``n_trials`` different example sets, "right" meaning the top token is a
-  case-insensitive prefix of one of the subject's objects (one-to-many
-  relations count any object); faithfulness = the LRE's decoded top token
-  matches, swept over beta 0..5 in 21 steps (``best_beta``); causality =
-  the edit ``s_i <- s_i + pinv_r(J) (z_j - z_i)`` with the model's real final
-  states, for a target ``j`` that differs in subject AND object, success when
-  the model then answers ``j``'s object, swept over the rank r
-  (``causality_by_rank``, ``best_rank``); everything averaged over
-  ``n_trials`` trials with different training facts. The first protocol's
-  edit, ``s_i + pinv_r(beta J) (LRE(s_j) - LRE(s_i))`` -- which reduces to
-  projecting ``s_j - s_i`` on J's top singular directions, so at full rank it
-  inserts the other subject's state -- is kept beside it as
-  ``causality_projection_baseline``.
+* ``authors`` (default) -- as the authors' sweep (evandez/relations) runs it, with every choice made on
+  training facts (:mod:`mechfact.llm.lre_authors`): per trial an object-balanced split, the training facts as
+  the in-context examples of every prompt, test facts filtered under that prompt (the fact's own object),
+  faithfulness at a fixed beta and at the beta best on the training facts (leave-one-out), causality toward
+  other test facts at the rank best on the training facts, baselines and bootstrap intervals over subjects.
 * ``mechfact`` -- the first protocol: k random in-context examples from the
   whole relation, known = one prompt's greedy first token equals the object's,
   one train/test split, beta fixed, the projection edit.
@@ -58,13 +46,14 @@ from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import LanguageModel, check_remote, load_model, worker_model
 from .probe import ProbeConfig, check_prompt_options, map_relations, relation_states
+from . import lre_authors
+from .lre_authors import AUTHORS_BETAS, DEFAULT_TRIALS, FIXED_BETA
 from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
 
 
 BETA_SWEEP = (0.5, 1.0, 2.0, 3.0, 5.0)  # the mechfact protocol's faithfulness_by_beta
-AUTHORS_BETAS = tuple(round(0.25 * i, 2) for i in range(21))  # 0 .. 5 in 21 steps, as the LRE authors
 PROTOCOLS = ("authors", "mechfact")
 
 
@@ -79,18 +68,17 @@ class LreConfig(DictConfig):
     relation_names: list[str] | None = None
     layer: int | None = None  # subject layer l; None = n_layers // 2
     layers: list[int] | None = None  # a sweep of subject layers (instead of `layer`); rows report the best
-    beta: float = 1.0  # LRE(s) = beta * J s + b
+    beta: float | None = None  # LRE(s) = beta * J s + b, fixed in advance; None: 2.25 (authors), 1.0 (mechfact)
     rank: int = 64  # rank of the pseudo-inverse used for causality edits
     n_train: int = 5  # facts whose Jacobians are averaged (the rest are test facts)
     facts: str = "known"  # known: facts the model completes correctly | all: every fact, scored against the model's prediction
     k_shot: int = 3  # in-context examples in every prompt
     template: int = 0
-    max_samples: int | None = None
+    max_samples: int | None = None  # cap per relation file (authors: taken round-robin over objects); None: all
     max_test: int | None = None  # cap on test facts per relation (None = all known facts left)
     chunk: int = 96  # Jacobian rows per backward pass (memory vs speed)
     protocol: str = "authors"  # authors: Hernandez et al.'s code (module docstring) | mechfact: the first protocol
-    n_trials: int = 3  # authors: known = right under this many example sets; LRE averaged over this many trials
-    filter_trials: int | None = None  # authors: example sets of the known filter when not n_trials (None: n_trials)
+    n_trials: int = DEFAULT_TRIALS  # authors: trials (split, prompt, filter, operator) averaged; 24 as the paper
     ranks: list[int] | None = None  # authors: edit ranks swept (None: 16, 32, 64, 128, 256 and full, up to d_model)
     dtype: str = "float32"
     batch_size: int = 16
@@ -104,7 +92,8 @@ class LreConfig(DictConfig):
             if self.layer is not None:
                 raise ValueError(f"--layer {self.layer} and --layers {self.layers}: give one of them "
                                  "(--layers sweeps, --layer is one layer)")
-        check_float("beta", self.beta, lo=0, lo_open=True)
+        if self.beta is not None:
+            check_float("beta", self.beta, lo=0, lo_open=True)
         check_int("rank", self.rank, 1)
         check_int("n_train", self.n_train, 1)
         check_choice("facts", self.facts, ("known", "all"))
@@ -114,8 +103,6 @@ class LreConfig(DictConfig):
         check_int("batch_size", self.batch_size, 1)
         check_choice("protocol", self.protocol, PROTOCOLS)
         check_int("n_trials", self.n_trials, 1)
-        if self.filter_trials is not None:
-            check_int("filter_trials", self.filter_trials, 1)
         if self.ranks is not None:
             check_int_list("ranks", self.ranks, 1)
         check_prompt_options(self)
@@ -316,7 +303,7 @@ def evaluate_relation(lm: LanguageModel, rel, cfg: LreConfig, layer: int, seed: 
     train, test = sorted(perm[:cfg.n_train].tolist()), sorted(perm[cfg.n_train:].tolist())
     if cfg.max_test is not None:
         test = test[:cfg.max_test]
-    lre = estimate_lre(lm, rs.prompts, train, layer, cfg.beta, cfg.chunk, progress)
+    lre = estimate_lre(lm, rs.prompts, train, layer, 1.0 if cfg.beta is None else cfg.beta, cfg.chunk, progress)
     S = rs.states[0]  # (n, d) subject states at `layer`
     # the model's own prediction; on known facts it is the object's first token
     target = rs.next_token.clone()
@@ -360,120 +347,23 @@ def _states_at(lm: LanguageModel, prompts: list, layers: list[int], cfg
     return {l: acts[st] for l, st in s_sites.items()}, acts[z_site], acts.next_token
 
 
-def _balanced_pick(rng, candidates: list[int], objects, k: int) -> list[int]:
-    """``k`` of ``candidates`` with as many distinct objects as possible (round-robin over objects)."""
-    by_obj: dict[str, list[int]] = {}
-    for i in rng.permutation(candidates).tolist():
-        by_obj.setdefault(objects[i], []).append(int(i))
-    queues = [by_obj[o] for o in rng.permutation(list(by_obj)).tolist()]
-    out: list[int] = []
-    while len(out) < k and any(queues):
-        for q in queues:
-            if q and len(out) < k:
-                out.append(q.pop())
-    return sorted(out)
+def _jacobians(lm: LanguageModel, prompts: list, layer: int, chunk: int, progress: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Js (n, d, d), bs (n, d)): each prompt's Jacobian ``dz/ds`` and ``z - J s`` at its subject's last token."""
+    Js, bs = [], []
+    for p in tqdm(prompts, desc="jacobians", leave=False, **({} if progress else {"disable": True})):
+        J, s, o = jacobian(lm, p.tokens, p.subject_last, layer, chunk)
+        Js.append(J)
+        bs.append(o - J @ s)
+    return torch.stack(Js), torch.stack(bs)
 
 
 def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layers: list[int], seed: int,
                               progress: bool = False) -> tuple[list[dict], "LRE | None"]:
-    """The LRE authors' protocol (module docstring) at each of ``layers``: one row per layer, and the LRE of the
-    last trial at the last layer. The known facts, the trials' training facts and the edit targets are the same
-    at every layer."""
-    from .prompts import build_prompts, prefix_match
-
-    tok = lm.tokenizer
-    n = len(rel)
-    rng = np.random.default_rng(derive_seed(seed, f"llm.lre.authors.{rel.name}"))
-    objects_of = {s: rel.objects_of(s) for s in set(rel.subjects)}
-    head = {"relation": rel.name, "kind": rel.kind, "n_samples": n, "n_known": 0, "n_train": 0, "n_test": 0,
-            "faithfulness": None, "causality": None}
-    # known: right (case-insensitive prefix of an object) under each of n_trials sets of n_train examples
-    known = np.ones(n, dtype=bool)
-    n_filter = cfg.n_trials if cfg.filter_trials is None else cfg.filter_trials
-    for t in range(n_filter if cfg.facts == "known" else 0):
-        ex = sorted(rng.choice(n, size=min(cfg.n_train, n - 1), replace=False).tolist())
-        prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=ex)
-        _, _, nxt = _states_at(lm, prompts, [], cfg)
-        known &= np.array([prefix_match(tok, nxt[i], objects_of[rel.subjects[i]]) for i in range(n)])
-    pool = np.flatnonzero(known).tolist()
-    head["n_known"] = len(pool)
-    if len(pool) < cfg.n_train + 2:
-        logger.warning("%s: %d known facts, need %d; skipped", rel.name, len(pool), cfg.n_train + 2)
-        return [{**head, "layer": l} for l in layers], None
-    ranks = sorted({min(r, lm.d_model) for r in (cfg.ranks or (16, 32, 64, 128, 256, lm.d_model))})
-    trials, op = {l: [] for l in layers}, None
-    for t in range(cfg.n_trials):
-        train = _balanced_pick(rng, pool, rel.objects, cfg.n_train)
-        train_subjects = {rel.subjects[i] for i in train}
-        test = [i for i in pool if rel.subjects[i] not in train_subjects]
-        if cfg.max_test is not None:
-            test = sorted(rng.permutation(test)[:cfg.max_test].tolist())
-        if not test:
-            continue
-        prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=train)  # the examples: train
-        S_at, Z, own = _states_at(lm, prompts, layers, cfg)
-
-        def right(token, i: int) -> bool:  # facts="all": judged against the model's own prediction
-            if cfg.facts == "all":
-                return int(token) == int(own[i])
-            return prefix_match(tok, token, objects_of[rel.subjects[i]])
-
-        pairs = []  # causality targets: any known fact with another subject and no shared object
-        for i in test:
-            others = [j for j in pool if rel.subjects[j] != rel.subjects[i]
-                      and not set(objects_of[rel.subjects[j]]) & set(objects_of[rel.subjects[i]])]
-            if others:
-                pairs.append((i, int(rng.choice(others))))
-        for layer in layers:
-            S = S_at[layer]
-            op = estimate_lre(lm, prompts, train, layer, 1.0, cfg.chunk, progress)
-            by_beta = {}
-            for bt in AUTHORS_BETAS:
-                top = decode_top(lm, LRE(op.J, op.b, bt)(S[test]))
-                by_beta[bt] = float(np.mean([right(top[k], i) for k, i in enumerate(test)]))
-            by_rank, base_by_rank = {}, {}
-            if pairs:  # every edit of one source prompt (each rank, both edits) runs as one batch
-                proj = LRE(op.J, op.b, cfg.beta)
-                P, Pb = op.pinvs(ranks), proj.pinvs(ranks)  # rank-r pseudo-inverses of J and beta J
-                hits = np.zeros((len(pairs), len(ranks), 2))
-                for k, (i, j) in enumerate(pairs):
-                    dz, dp = Z[j] - Z[i], (proj(S[j:j + 1]) - proj(S[i:i + 1]))[0]
-                    new = [S[i] + d for r in ranks for d in (dz @ P[r].T, dp @ Pb[r].T)]
-                    pred = edited_predictions(lm, prompts[i].tokens, prompts[i].subject_last, layer,
-                                              torch.stack(new))
-                    hits[k] = np.array([right(p, j) for p in pred]).reshape(len(ranks), 2)
-                by_rank = {r: float(hits[:, q, 0].mean()) for q, r in enumerate(ranks)}
-                base_by_rank = {r: float(hits[:, q, 1].mean()) for q, r in enumerate(ranks)}
-            trials[layer].append({"train": train, "n_test": len(test), "n_causality": len(pairs), "by_beta": by_beta,
-                                  "by_rank": by_rank, "baseline_by_rank": base_by_rank})
-    return [_authors_row(head, trials[l], l, ranks, cfg, lm.d_model, rel) for l in layers], op
-
-
-def _authors_row(head: dict, trials: list[dict], layer: int, ranks: list[int], cfg: LreConfig, d_model: int,
-                 rel) -> dict:
-    """One layer's row: the trials averaged, best beta and best rank."""
-    row = {**head, "layer": layer}
-    if not trials:
-        return row
-    mean = lambda key, k: float(np.mean([t[key][k] for t in trials if k in t[key]]))  # noqa: E731
-    faith = {str(b): mean("by_beta", b) for b in AUTHORS_BETAS}
-    best_beta = max(AUTHORS_BETAS, key=lambda b: (faith[str(b)], -abs(b - 1)))
-    caus = {str(r): mean("by_rank", r) for r in ranks if any(r in t["by_rank"] for t in trials)}
-    base = {str(r): mean("baseline_by_rank", r) for r in ranks if any(r in t["baseline_by_rank"] for t in trials)}
-    rank = str(min(cfg.rank, d_model))
-    best_rank = max(caus, key=lambda r: (caus[r], -int(r))) if caus else None
-    beta_key = str(min(AUTHORS_BETAS, key=lambda b: abs(b - cfg.beta)))
-    row.update(
-        n_train=cfg.n_train, n_test=int(round(np.mean([t["n_test"] for t in trials]))),
-        n_causality=int(round(np.mean([t["n_causality"] for t in trials]))), n_trials=len(trials),
-        faithfulness=faith[beta_key], faithfulness_best_beta=faith[str(best_beta)], best_beta=best_beta,
-        faithfulness_by_beta=faith,
-        faithfulness_trials=[t["by_beta"][min(AUTHORS_BETAS, key=lambda b: abs(b - cfg.beta))] for t in trials],
-        causality=caus.get(rank), causality_by_rank=caus, best_rank=None if best_rank is None else int(best_rank),
-        causality_best_rank=None if best_rank is None else caus[best_rank],
-        causality_projection_baseline=base.get(rank), causality_projection_baseline_by_rank=base,
-        train_subjects=[rel.subjects[i] for i in trials[-1]["train"]])
-    return row
+    """The LRE authors' protocol (:mod:`mechfact.llm.lre_authors`) at each of ``layers``: one row per layer (the
+    trials' splits, known facts and edit targets are the same at every layer), and the last operator."""
+    return lre_authors.evaluate(lm, rel, cfg, layers, seed, progress, states_at=_states_at, jacobians=_jacobians,
+                                decode_top=decode_top, edited_predictions=edited_predictions)
 
 
 _COMMON = ("relation", "kind", "n_samples", "n_known", "n_train", "n_test", "faithfulness", "causality")
@@ -544,9 +434,11 @@ def lre(lm: LanguageModel, relation, layer: int | list[int] | None = None, *, se
     rels = as_relations(relation)
     if len(rels) != 1:
         raise ValueError(f"lre takes one relation; got {len(rels)} (call it once per relation)")
-    rel = rels[0].subset(cfg.max_samples)
+    rel = _capped(rels[0], cfg, seed)
     _check_template(rel, cfg.template)
     rows, op = _evaluate(lm, rel, cfg, _layers_of(lm, cfg), seed, progress)
+    if cfg.protocol == "authors":
+        lre_authors.add_model_beta(rows, rows[0].get("beta", FIXED_BETA))
     out = [LreResult.from_row(r, r["layer"], op if k == len(rows) - 1 else None) for k, r in enumerate(rows)]
     return out if sweep else out[0]
 
@@ -566,9 +458,19 @@ _SUMMARY = ("layer", "faithfulness", "faithfulness_best_beta", "best_beta", "cau
             "best_rank", "causality_projection_baseline")
 
 
+def _capped(rel: Relation, cfg: LreConfig, seed: int) -> Relation:
+    """The relation under ``max_samples``: round-robin over objects (authors), evenly spaced (mechfact)."""
+    if cfg.protocol == "authors":
+        return lre_authors.stratified_subset(rel, cfg.max_samples, seed)
+    return rel.subset(cfg.max_samples)
+
+
 def best_layer_row(rows: list[dict]) -> dict:
-    """A relation's row at its best layer (highest faithfulness at the best beta, then causality, then the
-    earlier layer), with ``best_layer`` and ``by_layer`` (a few numbers of every layer)."""
+    """A relation's row (authors: :func:`mechfact.llm.lre_authors.relation_row`, every choice on training facts;
+    mechfact: the row at its best layer (highest faithfulness at the best beta, then causality, then the
+    earlier layer), with ``best_layer`` and ``by_layer`` (a few numbers of every layer))."""
+    if rows and rows[0].get("protocol") == "authors":
+        return lre_authors.relation_row(rows)
     if len(rows) == 1:
         return rows[0]
     scored = [r for r in rows if r["faithfulness"] is not None]
@@ -591,12 +493,29 @@ def _relation_job(cfg: LreConfig, layers: list[int], seed: int, rel: Relation, d
     return rows
 
 
+def _summarise(result: dict, cfg: LreConfig, seed: int) -> None:
+    """Run-level numbers: the authors' protocol gets the model beta and means with intervals over relations."""
+    rows = result["per_relation"]
+    if cfg.protocol == "authors":
+        fixed = FIXED_BETA if cfg.beta is None else cfg.beta
+        result["model_beta"] = lre_authors.add_model_beta(rows, fixed)
+        result.update(lre_authors.summary(rows, seed))
+        return
+    vals = [r for r in rows if r["faithfulness"] is not None]
+    result["mean_faithfulness"] = float(np.mean([r["faithfulness"] for r in vals])) if vals else None
+    cv = [r["causality"] for r in vals if r["causality"] is not None]
+    result["mean_causality"] = float(np.mean(cv)) if cv else None
+
+
 def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,
                 lm: LanguageModel | None = None, progress: bool = False, executor=None) -> dict:
     """:func:`lre` for every relation, as a run directory (rows written as relations finish; resumes).
 
-    With ``layers`` (a sweep), ``per_relation`` holds each relation at its best layer (``best_layer``,
-    ``by_layer``) and ``per_relation_layer`` every (relation, layer) row.
+    With ``layers`` (a sweep), ``per_relation`` holds each relation at the layers chosen on its training facts
+    (``layer`` for faithfulness, ``edit_layer`` for causality; ``by_layer``) and ``per_relation_layer`` every
+    (relation, layer) row. The authors' protocol adds ``model_beta`` (one beta chosen on the training facts
+    pooled over the run's relations, ``faithfulness_model_beta`` on every row) and means over the
+    non-degenerate relations with bootstrap intervals over relations.
 
     ``executor``: None or a local executor runs the relations one after another in this process; a Ray executor
     (:func:`mechfact.executor.make_executor`) runs one task per relation, each worker loading ``cfg.model``
@@ -606,7 +525,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
     from . import plots
 
     check_remote(executor, lm)  # before anything is loaded or written
-    rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
+    rels = [_capped(r, cfg, seed) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = _layers_of(lm, cfg)
     for r in rels:
@@ -626,6 +545,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
         result["per_relation_layer"] += rows
         for key in ("per_relation", "per_relation_layer"):  # relation order (stable: a sweep's layers stay in order)
             result[key].sort(key=lambda x: order.get(x["relation"], len(order)))
+        _summarise(result, cfg, seed)
         run.write_result(result)
 
     todo = [rel for rel in rels if rel.name not in done]
@@ -636,9 +556,6 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
             return rows
 
         map_relations(todo, executor, lm, local, functools.partial(_relation_job, cfg, layers, seed), add)
-    vals = [r for r in result["per_relation"] if r["faithfulness"] is not None]
-    result["mean_faithfulness"] = float(np.mean([r["faithfulness"] for r in vals])) if vals else None
-    cv = [r["causality"] for r in vals if r["causality"] is not None]
-    result["mean_causality"] = float(np.mean(cv)) if cv else None
+    _summarise(result, cfg, seed)
     plot = plots.plot_lre_layers if len(layers) > 1 else plots.plot_lre
     return run.finish(result, plot, "fig_lre.png", model=lm.name, model_id=lm.model_id)

@@ -79,18 +79,40 @@ def plot_known(result: dict, path) -> None:
     save(fig, path)
 
 
+def _err(rows: list[dict], key: str) -> np.ndarray:
+    """(2, n) error-bar lengths from each row's ``<key>_ci`` (zeros where there is none)."""
+    out = np.zeros((2, len(rows)))
+    for k, r in enumerate(rows):
+        ci, v = r.get(f"{key}_ci"), r.get(key)
+        if v is not None and ci and ci[0] is not None:
+            out[:, k] = [max(0.0, v - ci[0]), max(0.0, ci[1] - v)]
+    return out
+
+
 def plot_lre(result: dict, path) -> None:
+    """Per relation: faithfulness (fixed beta) and causality (rank chosen on training facts) with 95% intervals,
+    the bias-only and majority baselines as ticks; degenerate relations (one object) hatched."""
     rels = result["per_relation"]
     fig, ax = subplots(figsize=(max(5, 0.6 * len(rels) + 2), 3.8))
     x = np.arange(len(rels))
-    ax.bar(x - 0.2, [r["faithfulness"] if r["faithfulness"] is not None else 0 for r in rels], 0.4, label="faithfulness")
-    ax.bar(x + 0.2, [r["causality"] if r["causality"] is not None else 0 for r in rels], 0.4, label="causality")
+    val = lambda r, k: r.get(k) if r.get(k) is not None else 0  # noqa: E731
+    hatch = ["//" if r.get("degenerate") else "" for r in rels]
+    ax.bar(x - 0.2, [val(r, "faithfulness") for r in rels], 0.4, yerr=_err(rels, "faithfulness"), capsize=2,
+           label="faithfulness", hatch=hatch)
+    ax.bar(x + 0.2, [val(r, "causality") for r in rels], 0.4, yerr=_err(rels, "causality"), capsize=2,
+           label="causality", hatch=hatch)
+    for key, mk, lab in (("faithfulness_bias_only", "_", "beta = 0 (bias only)"),
+                         ("majority_baseline", "x", "majority object")):
+        pts = [(k, r[key]) for k, r in enumerate(rels) if r.get(key) is not None]
+        if pts:
+            ax.plot([k - 0.2 for k, _ in pts], [v for _, v in pts], mk, color="k", ms=8, label=lab)
     ax.set_xticks(x, [r["relation"] for r in rels], rotation=45, ha="right", fontsize=8)
-    ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
     c = result.get("config", {})
-    ax.set_title(f"{result.get('model', '')}: LRE at layer {result.get('layer')} "
-                 f"(beta={c.get('beta')}, rank={c.get('rank')})", fontsize=9)
+    beta = rels[0].get("beta", c.get("beta")) if rels else c.get("beta")
+    ax.set_title(f"{result.get('model', '')}: LRE at layer {result.get('layer')} (beta {beta} fixed, rank chosen "
+                 "on training facts; 95% intervals over subjects)", fontsize=8)
     save(fig, path)
 
 
@@ -122,7 +144,8 @@ def plot_superposition_layers(result: dict, path) -> None:
 
 
 def plot_lre_layers(result: dict, path) -> None:
-    """A layer sweep of the LRE: faithfulness (best beta) and causality (best rank), relation x layer heatmaps."""
+    """A layer sweep of the LRE: faithfulness (beta chosen on training facts) and causality (rank chosen on
+    training facts), relation x layer heatmaps."""
     rows = [r for r in result.get("per_relation_layer", []) if r["faithfulness"] is not None]
     names = sorted({r["relation"] for r in rows})
     layers = sorted({r["layer"] for r in rows})
@@ -130,8 +153,8 @@ def plot_lre_layers(result: dict, path) -> None:
         return plot_lre(result, path)
     cell = {(r["relation"], r["layer"]): r for r in rows}
     fig, axes = subplots(1, 2, figsize=(4.0 + 1.1 * len(layers), 1.2 + 0.32 * len(names)), layout="constrained")
-    for ax, key, title in ((axes[0], "faithfulness_best_beta", "faithfulness (best beta)"),
-                           (axes[1], "causality_best_rank", "causality (best rank)")):
+    for ax, key, title in ((axes[0], "faithfulness_train_beta", "faithfulness (beta chosen on training facts)"),
+                           (axes[1], "causality", "causality (rank chosen on training facts)")):
         m = np.full((len(names), len(layers)), np.nan)
         for i, n in enumerate(names):
             for j, l in enumerate(layers):
@@ -169,9 +192,11 @@ def plot_lre_detail(result: dict, path) -> None:
         if pb:
             b.plot([x for x, _ in pb], [y for _, y in pb], "s--", color=c, alpha=0.6,
                    label=f"{r['relation']}: projection edit")
-    a.axvline(1.0, color="k", lw=0.6, ls=":")
+    for r in rels[:1]:
+        if r.get("beta") is not None:
+            a.axvline(r["beta"], color="k", lw=0.6, ls=":", label=f"fixed beta {r['beta']}")
     a.set_xlabel("beta")
-    a.set_ylabel("faithfulness (top token = object)")
+    a.set_ylabel("faithfulness on test facts (top token = object)")
     a.set_ylim(-0.02, 1.02)
     a.set_title(f"{result.get('model', '')}: LRE at layer {result.get('layer')}", fontsize=10)
     a.legend(fontsize=8)
