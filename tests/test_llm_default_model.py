@@ -44,10 +44,9 @@ def test_default_model_knows_capitals_with_three_shots(lm):
 
 
 def test_authors_causality_edit_is_not_the_trivial_insertion(lm):
-    """SmolLM2, capitals, layer 15, one trial of 10 test facts: at full rank the first protocol's edit inserts the
-    other subject's state and 'succeeds' (measured 1.0); the authors' edit with the model's real final states does
-    not (0.1); lower ranks move answers (0.9 / 0.8 / 0.5 at ranks 32 / 64 / 128). Measured with edit targets drawn
-    from every known fact (an earlier draw from the test facts only gave 0.0 vs 0.9)."""
+    """SmolLM2, capitals, layer 15, one trial of at most 10 test facts, edit targets among the test facts (the
+    authors' draw): at full rank the first protocol's edit inserts the other subject's state and 'succeeds'; the
+    authors' edit with the model's real final states does not; some lower rank moves answers."""
     import mechfact
 
     rel = mechfact.load_relations(names=["country_capital"])[0].subset(30)

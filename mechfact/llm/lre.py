@@ -373,8 +373,10 @@ _COMMON = ("relation", "kind", "n_samples", "n_known", "n_train", "n_test", "fai
 class LreResult:
     """What :func:`lre` returns: one relation's LRE at one layer (``operator``: the fitted ``J s + b``).
 
-    ``details`` holds the protocol's other numbers (authors: ``best_beta``, ``faithfulness_by_beta``,
-    ``causality_by_rank``, ``causality_projection_baseline``, ...), also readable as attributes.
+    ``details`` holds the protocol's other numbers (authors: ``train_beta``, ``faithfulness_train_beta``,
+    ``faithfulness_bias_only``, ``majority_baseline``, ``rank``, each number's ``_ci`` and ``_n``,
+    ``faithfulness_by_beta``, ``causality_by_rank``, ``causality_projection_baseline``, ...), also readable as
+    attributes.
     """
 
     relation: str
