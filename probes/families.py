@@ -263,6 +263,58 @@ def superposition_table(out: Path) -> str:
     return "\n".join(rows)
 
 
+def _part_status(out: Path, m: str, name: str) -> str:
+    folder = out / m / name
+    if (folder / "meta.json").is_file():
+        return "finished"
+    if (folder / "result.json").is_file():
+        return "partial (stopped; rerun --run to resume)"
+    return "not run"
+
+
+def runs_status(out: Path) -> str:
+    """Which run folders exist: every table below says what it rests on."""
+    names = ["probe", *[f"lre_authors_{p}" for p in PARTS], *[f"lre_layers_{p}" for p in PARTS], "superposition"]
+    rows = ["| run | " + " | ".join(MODELS) + " |", "|---|" + "---|" * len(MODELS)]
+    for n in names:
+        rows.append(f"| {n} | " + " | ".join(_part_status(out, m, n) for m in MODELS) + " |")
+    return "\n".join(rows)
+
+
+DOC_HEAD = """# Relational linearity in pretrained LLMs: SmolLM2-135M, Gemma-3-270M, Qwen2.5-0.5B
+
+This page is written by `python -m probes.families --out runs/fam --doc docs/results_llm.md` from the run
+folders under `runs/fam` alone (`python -m probes.families --run --relations PATH` makes them; PATH is the LRE
+authors' `data/` folder from github evandez/relations). Every number carries its n and a 95% interval; a part
+that has not been run says so. The models are the three packaged ones (`mechfact llm models`).
+
+LRE protocol (the authors' sweep, every choice on training facts): per trial an object-balanced split, the
+training facts as the in-context examples of every prompt, test facts filtered under that prompt (the fact's own
+object); F = faithfulness at beta 2.25 fixed in advance; F(β*) = at the model's one beta chosen on the training
+facts pooled over relations (the authors' rule for their published numbers: one beta per model); β0 = beta 0,
+the bias alone; maj = the share of the most common test object (what a constant answer gets); C = causality at
+the rank chosen on the training facts. Intervals: bootstrap over subjects (cells) or over relations (means).
+`n a×b`: a test facts per trial, b trials. Degenerate relations (every test fact one object) are out of the
+means.
+"""
+
+
+def write_doc(out: Path, path: Path) -> None:
+    """The whole results page from the run folders in ``out`` (figures next to it in ``img/``)."""
+    parts = [DOC_HEAD, "## Runs behind this page\n", runs_status(out), ""]
+    parts += ["## LRE, the authors' protocol, factual relations (middle layer)\n", lre_table(out, "factual"), "",
+              "## LRE, the authors' protocol, linguistic relations (middle layer)\n", lre_table(out, "linguistic"), "",
+              "![LRE per relation](img/families_lre.png)\n",
+              "## LRE layer sweep (layers chosen on training facts)\n", lre_sweep_table(out), "",
+              "## Readout (the 14 shipped relations)\n", readout_table(out), "",
+              "## Superposition of a subject's attributes (the shipped countries)\n", superposition_table(out), "",
+              "![three families](img/families.png)\n"]
+    from mechfact.runs import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(parts))
+
+
 def figure(out: Path, path: Path) -> None:
     from mechfact.llm.plots import plot_families
 
@@ -281,6 +333,8 @@ def main(argv=None) -> None:
     ap.add_argument("--run", action="store_true", help="run what is missing first")
     ap.add_argument("--figure", default="docs/img/families.png")
     ap.add_argument("--lre-figure", default="docs/img/families_lre.png")
+    ap.add_argument("--doc", default=None, metavar="MD", help="write the whole results page there (e.g. "
+                    "docs/results_llm.md) instead of printing the tables")
     ap.add_argument("--relations", default=None, metavar="DIR",
                     help="with --run: the LRE authors' data folder (github evandez/relations, data/), holding "
                          "factual/ and linguistic/")
@@ -290,11 +344,15 @@ def main(argv=None) -> None:
         if a.relations is None or not all((Path(a.relations) / p).is_dir() for p in PARTS):
             ap.error(f"--run needs --relations DIR with {' and '.join(PARTS)} folders (got {a.relations})")
         run(out, Path(a.relations))
-    print(readout_table(out), "\n")
-    for part in PARTS:
-        print(lre_table(out, part), "\n")
-    print(lre_sweep_table(out), "\n")
-    print(superposition_table(out))
+    if a.doc:
+        write_doc(out, Path(a.doc))
+        print(f"{a.doc} written from {out}")
+    else:
+        print(readout_table(out), "\n")
+        for part in PARTS:
+            print(lre_table(out, part), "\n")
+        print(lre_sweep_table(out), "\n")
+        print(superposition_table(out))
     figure(out, Path(a.figure))
     lre_figure(out, Path(a.lre_figure))
 
