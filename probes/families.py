@@ -71,8 +71,9 @@ def run(out: Path, data: Path) -> None:
         for part in PARTS if m in SWEEP_MODELS else ():
             jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(data / part), "--relation-names",
                                                                  *SWEEP[part], "--layers", SWEEP_LAYERS[m]]))
-        jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
-                                                 "--splits", "2"]))
+        jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m]]))
+        jobs.append((out / m / "superposition_words", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
+                                                       "--prompt", "words"]))
         for folder, argv in jobs:
             if (folder / "meta.json").is_file():
                 continue
@@ -106,11 +107,11 @@ def _lre_rows(out: Path, m: str, kind: str = "authors") -> dict[str, dict]:
     return rows
 
 
-def _ci(x: dict, key: str) -> str:
+def _ci(x: dict, key: str, spec: str = ".2f") -> str:
     v, ci = x.get(key), x.get(f"{key}_ci") or [None, None]
     if v is None:
         return "—"
-    return f"{v:.2f}" if ci[0] is None else f"{v:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return f"{v:{spec}}" if ci[0] is None else f"{v:{spec}} [{ci[0]:{spec}}, {ci[1]:{spec}}]"
 
 
 def _lre_cell(x: dict | None) -> str:
@@ -247,19 +248,34 @@ def lre_figure(out: Path, path: Path) -> None:
     save(fig, path)
 
 
-def superposition_table(out: Path) -> str:
-    rows = ["| model | layer | R^2 held-out (shuffled; random vectors) | in the attribute subspace (shuffled) | "
-            "decodable from the same state: continent / language / currency / capital / demonym (controls) |",
-            "|---|---|---|---|---|"]
+SUPERPOSITION_RUNS = {"superposition": "the subject alone after BOS", "superposition_words":
+                      "'Some facts about {subject}'"}
+
+
+def superposition_table(out: Path, name: str = "superposition") -> str:
+    """Per model and layer: held-out R^2 [95% bootstrap over countries], its permutation p-value (shuffled
+    attributes) and the random-code null's p, partial R^2 after the nuisance regressors (p), the top coordinate's
+    share of the variance, and which attributes are decodable from the same state (accuracy, label-shuffle p)."""
+    rows = [f"Prompt: {SUPERPOSITION_RUNS[name]}.\n",
+            "| model | layer | R^2 held-out [95%] | p shuffled / p random codes | partial R^2 (p) | top coordinate "
+            "share | decodable: continent / language / currency / capital / demonym (p) |",
+            "|---|---|---|---|---|---|---|"]
     for m in MODELS:
-        r = _read(out / m / "superposition" / "result.json")
+        r = _read(out / m / name / "result.json")
         for x in (r or {}).get("per_layer", []):
+            if "p_value" not in x:
+                continue
             dec = x["decodability"]
-            d = " / ".join(f"{dec[f'countries_{k}']['accuracy']:.2f} ({dec[f'countries_{k}']['control_accuracy']:.2f})"
-                           for k in ("continent", "language", "currency", "capital", "demonym"))
-            rows.append(f"| {m} | {x['layer']} | {x['r2_heldout']:.3f} ({x['control_shuffled_r2_heldout']:.3f}; "
-                        f"{x['control_random_features_r2_heldout']:.3f}) | {x['r2_heldout_attribute_subspace']:.3f} "
-                        f"({x['control_shuffled_r2_heldout_attribute_subspace']:.3f}) | {d} |")
+            d = " / ".join(f"{dec[f'countries_{k}']['accuracy']:.2f} ({dec[f'countries_{k}'].get('p_value', 1):.3f})"
+                           for k in ("continent", "language", "currency", "capital", "demonym")
+                           if f"countries_{k}" in dec)
+            rows.append(f"| {m} | {x['layer']} | {_ci(x, 'r2_heldout', '.3f')} | "
+                        f"{x['p_value']:.3f} / {x['null_random_features']['p_value']:.3f} | "
+                        f"{x['partial_r2_heldout']:.3f} ({x['null_partial']['p_value']:.3f}) | "
+                        f"{x['top_coordinate_variance_share']:.2f} | {d} |")
+    n = (_read(out / MODELS[0] / name / "result.json") or {}).get("n_null")
+    rows.append(f"\np-values: permutation tests with {n or 'the run'} draws each ((1 + #null >= observed) / (1 + n));"
+                " with L layers per model, p < 0.05 / L holds after Bonferroni.")
     return "\n".join(rows)
 
 
@@ -274,7 +290,7 @@ def _part_status(out: Path, m: str, name: str) -> str:
 
 def runs_status(out: Path) -> str:
     """Which run folders exist: every table below says what it rests on."""
-    names = ["probe", *[f"lre_authors_{p}" for p in PARTS], *[f"lre_layers_{p}" for p in PARTS], "superposition"]
+    names = ["probe", *[f"lre_authors_{p}" for p in PARTS], *[f"lre_layers_{p}" for p in PARTS], *SUPERPOSITION_RUNS]
     rows = ["| run | " + " | ".join(MODELS) + " |", "|---|" + "---|" * len(MODELS)]
     for n in names:
         rows.append(f"| {n} | " + " | ".join(_part_status(out, m, n) for m in MODELS) + " |")
@@ -307,7 +323,8 @@ def write_doc(out: Path, path: Path) -> None:
               "![LRE per relation](img/families_lre.png)\n",
               "## LRE layer sweep (layers chosen on training facts)\n", lre_sweep_table(out), "",
               "## Readout (the 14 shipped relations)\n", readout_table(out), "",
-              "## Superposition of a subject's attributes (the shipped countries)\n", superposition_table(out), "",
+              "## Superposition of a subject's attributes (the shipped countries)\n",
+              *[superposition_table(out, n) + "\n" for n in SUPERPOSITION_RUNS],
               "![three families](img/families.png)\n"]
     from mechfact.runs import atomic_path
 
@@ -352,7 +369,8 @@ def main(argv=None) -> None:
         for part in PARTS:
             print(lre_table(out, part), "\n")
         print(lre_sweep_table(out), "\n")
-        print(superposition_table(out))
+        for n in SUPERPOSITION_RUNS:
+            print(superposition_table(out, n))
     figure(out, Path(a.figure))
     lre_figure(out, Path(a.lre_figure))
 

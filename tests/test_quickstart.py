@@ -152,16 +152,34 @@ def test_llm_verdicts_follow_the_numbers():
     assert claim_llm_readout({"best_layers": best[:1]}, "m").verdict == HOLDS
     part = claim_llm_readout({"best_layers": best}, "m")
     assert part.verdict == PART and "one-to-one" in part.why
+    # a point value 0.2 above chance whose interval reaches the baseline does not count as read out
+    wide = {**best[0], "readout_accuracy": 0.55, "readout_accuracy_ci": [0.25, 0.8], "readout_accuracy_n": 10}
+    assert claim_llm_readout({"best_layers": [wide]}, "m").verdict == NOT
+    # the LRE claim uses the row's own interval and leaves degenerate relations out
+    row = {"relation": "r", "n_test": 40, "faithfulness": 0.7, "faithfulness_ci": [0.3, 0.9], "causality": 0.5}
+    assert claim_lre({"per_relation": [row]}, "m").verdict == HOLDS
+    row.update(faithfulness=0.4, faithfulness_ci=[0.3, 0.5])
+    assert claim_lre({"per_relation": [row]}, "m").verdict == NOT
+    deg = {**row, "faithfulness": 1.0, "faithfulness_ci": [1.0, 1.0], "degenerate": True}
+    assert claim_lre({"per_relation": [deg]}, "m").measured == "no relation had enough known facts"
 
-    def layer(r2, dec):
-        return {"layer": 3, "r2_heldout": r2, "control_shuffled_r2_heldout": 0.0, "control_random_features_r2_heldout": 0.0,
-                "decodability": {f"countries_{k}": {"accuracy": a, "control_accuracy": 0.1, "chance": 0.2}
-                                 for k, a in dec.items()}}
+    def layer(r2, dec, p=0.005, lo=None):
+        return {"layer": 3, "r2_heldout": r2, "r2_heldout_ci": [r2 - 0.1 if lo is None else lo, r2 + 0.1],
+                "p_value": p, "null_shuffled": {"n_null": 200},
+                "control_shuffled_r2_heldout": 0.0, "control_random_features_r2_heldout": 0.0,
+                "decodability": {f"countries_{k}": {"accuracy": a, "control_accuracy": 0.1, "chance": 0.2,
+                                                    "p_value": 0.005} for k, a in dec.items()}}
 
     sup = {"relations": ["x"] * 5, "subjects": ["s"] * 73}
     assert claim_llm_superposition({**sup, "per_layer": [layer(0.6, {"a": 0.9, "b": 0.8})]}, "m").verdict == HOLDS
     assert claim_llm_superposition({**sup, "per_layer": [layer(0.0, {"a": 0.9, "b": 0.8})]}, "m").verdict == PART
     assert claim_llm_superposition({**sup, "per_layer": [layer(0.0, {"a": 0.5, "b": 0.3})]}, "m").verdict == NOT
+    # a large R^2 whose permutation p-value does not pass, or whose interval reaches 0, does not hold
+    assert claim_llm_superposition({**sup, "per_layer": [layer(0.6, {"a": 0.5}, p=0.2)]}, "m").verdict == NOT
+    assert claim_llm_superposition({**sup, "per_layer": [layer(0.6, {"a": 0.5}, lo=-0.05)]}, "m").verdict == NOT
+    # 20 layers: p 0.005 does not pass 0.05 / 20 (Bonferroni)
+    many = [layer(0.6, {"a": 0.5}, p=0.005) for _ in range(20)]
+    assert claim_llm_superposition({**sup, "per_layer": many}, "m").verdict == NOT
 
 
 def test_report_rounds_numbers_and_refuses_unknown_verdicts():

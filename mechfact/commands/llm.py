@@ -47,7 +47,8 @@ def prompt_args(p: argparse.ArgumentParser) -> None:
     placement_args(p)
     p.add_argument("--k-shot", type=int, default=3, help="in-context examples per prompt (default 3)")
     p.add_argument("--template", type=int, default=0, help="prompt template index per relation (default 0)")
-    p.add_argument("--max-samples", type=int, default=None, help="N evenly spaced samples per relation (default all)")
+    p.add_argument("--max-samples", type=int, default=None, help="cap: N samples per relation (default all; llm lre takes them "
+                   "round-robin over objects, other commands evenly spaced)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-state-cache", action="store_true", help="do not read/write the hidden-state disk cache")
 
@@ -60,9 +61,15 @@ def readout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--known-tokens", type=int, default=1, help="a fact is known if the greedy next tokens match "
                    "the object's first N tokens (default 1)")
     p.add_argument("--readout-on", default="all", choices=("all", "known"), help="facts used by the readout (default all)")
-    p.add_argument("--splits", type=int, default=3, help="held-out splits averaged (default 3)")
-    p.add_argument("--split", default="stratified", choices=("stratified", "random"),
-                   help="held-out subjects balanced by object (as the LRE authors) or at random (default stratified)")
+    p.add_argument("--known-only", action="store_true",
+                   help="fit and score the readout on the facts the model knows only (= --readout-on known)")
+    p.add_argument("--splits", type=int, default=3,
+                   help="held-out subject folds scored in turn, each fact once (default 3 of 4 folds)")
+    p.add_argument("--split", default="random", choices=("stratified", "random"),
+                   help="subjects dealt to folds at random, or each object's subjects spread evenly over the folds "
+                        "(default random); every fact of a subject lies on one side")
+    p.add_argument("--inner-folds", type=int, default=3,
+                   help="folds of the training subjects that choose the reported layer (default 3)")
     p.add_argument("--padding", default="right", choices=PADDING)
 
 
@@ -90,23 +97,23 @@ def register(subparsers) -> dict:
     p.add_argument("--layers", default=None,
                    help="sweep subject layers instead, e.g. 3,9,15 or 4-20 (each relation is reported at its best "
                         "layer, every layer kept in per_relation_layer and the figure)")
-    p.add_argument("--beta", type=finite_float, default=1.0, help="LRE scale beta (default 1)")
-    p.add_argument("--rank", type=int, default=64, help="rank of the pseudo-inverse for causality edits (default 64)")
+    p.add_argument("--beta", type=finite_float, default=None,
+                   help="LRE scale beta, fixed in advance (default: 2.25, the authors' GPT-J value; 1 with "
+                        "--protocol mechfact); the beta chosen on training facts is reported beside it")
+    p.add_argument("--rank", type=int, default=64, help="mechfact protocol: rank of the pseudo-inverse for causality "
+                   "edits (default 64; the authors' protocol chooses the rank on training facts)")
     p.add_argument("--n-train", type=int, default=5, help="facts whose Jacobians are averaged (default 5)")
     p.add_argument("--facts", default="known", choices=("known", "all"),
                    help="known: only facts the model completes correctly (default); all: every fact, scored "
                         "against the model's own prediction")
     p.add_argument("--max-test", type=int, default=None, help="cap on test facts per relation (default all)")
     p.add_argument("--protocol", default="authors", choices=("authors", "mechfact"),
-                   help="authors: Hernandez et al.'s protocol (examples = training facts, 3-trial known filter, "
-                        "prefix match, beta and rank swept, edit with real final states); mechfact: the first "
-                        "protocol (default authors)")
-    p.add_argument("--trials", type=int, default=3, help="authors: example sets of the known filter and trials "
-                   "averaged (default 3)")
-    p.add_argument("--filter-trials", type=int, default=None,
-                   help="authors: example sets of the known filter, when it should differ from --trials (default: "
-                        "--trials); with --filter-trials 3 --trials 1 the known facts and the first trial are those "
-                        "of the 3-trial run")
+                   help="authors: Hernandez et al.'s sweep (per trial an object-balanced split, examples = training "
+                        "facts, test facts filtered under that prompt, the fact's own object scored, edit targets "
+                        "among test facts), every choice made on training facts; mechfact: the first protocol "
+                        "(default authors)")
+    p.add_argument("--trials", type=int, default=8, help="authors: trials averaged, each its own split, prompt, "
+                   "filter and operator (default 8; the paper ran up to 24)")
     p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256 (default 16..256 + full)")
     common_args(p)
     executor_args(p)  # one job per relation; each Ray worker loads the model itself
@@ -123,15 +130,29 @@ def register(subparsers) -> dict:
                         "x 5 relations)")
     p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")
     p.add_argument("--layers", default="all", help="'all' or e.g. 0,4,8-12 (default all)")
-    p.add_argument("--prompt", default="{}", help="relation-neutral prompt with one {} (default: the subject alone)")
+    p.add_argument("--prompt", default="{}",
+                   help="relation-neutral prompt with one {} (default: the subject alone), or 'words' for "
+                        "'Some facts about {}' (words before the subject, for any model)")
     p.add_argument("--attributes", default="unembed", choices=ATTRIBUTES,
                    help="attribute code: the object's unembedding row, or a one-hot class code (default unembed)")
-    p.add_argument("--splits", type=int, default=3, help="random subject splits averaged (default 3)")
-    p.add_argument("--heldout", type=finite_float, default=0.2, help="share of subjects held out (default 0.2)")
+    p.add_argument("--folds", type=int, default=None,
+                   help="k of the k-fold over subjects (default: 1 / --heldout, i.e. 5)")
+    p.add_argument("--splits", type=int, default=1, help="repeats of the k-fold partition (default 1)")
+    p.add_argument("--heldout", type=finite_float, default=0.2,
+                   help="share of subjects held out per fold when --folds is not given (default 0.2: 5 folds)")
+    p.add_argument("--n-null", type=int, default=200,
+                   help="draws of each null: shuffled attributes, random attribute vectors, each relation shuffled "
+                        "alone, shuffled readout labels (default 200)")
+    p.add_argument("--nuisance-pcs", type=int, default=3,
+                   help="principal components of the layer-0 state among the nuisance regressors of the partial "
+                        "R^2, beside the token count (default 3)")
     p.add_argument("--min-relations", type=int, default=4, help="relations every subject must carry (default 4)")
     p.add_argument("--standardize", action="store_true",
                    help="z-score every coordinate of the state on the training subjects before the fit, so that a "
                         "few large-norm coordinates do not decide the pooled R^2")
+    p.add_argument("--drop-massive", action="store_true",
+                   help="remove every coordinate that holds more than 10%% of the training subjects' variance "
+                        "(a 'massive activation') before the fit")
     p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     placement_args(p)
     p.add_argument("--batch-size", type=int, default=16)
@@ -152,7 +173,7 @@ def probe_config(a, model: str, relations: str | None):
 
     return ProbeConfig(model=model, relations=relations, layers=_layers(a.layers), site=a.site, position=a.position,
                        known_tokens=a.known_tokens, readout_on=a.readout_on, n_splits=a.splits, split=a.split,
-                       padding=a.padding,
+                       known_only=a.known_only, inner_folds=a.inner_folds, padding=a.padding,
                        **prompt_options(a))
 
 
@@ -175,7 +196,8 @@ def _run_llm(a) -> None:
                                   layers=_layers(a.layers), prompt=a.prompt, attributes=a.attributes,
                                   heldout_fraction=a.heldout, n_splits=a.splits, min_relations=a.min_relations,
                                   dtype=a.dtype, batch_size=a.batch_size, cache_states=not a.no_state_cache,
-                                  standardize=a.standardize)
+                                  standardize=a.standardize, folds=a.folds, n_null=a.n_null,
+                                  nuisance_pcs=a.nuisance_pcs, drop_massive=a.drop_massive)
         run_llm_superposition(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
     elif a.llm_sub == "probe":
         executor = make_executor_from(a, "llm probe: relations")
@@ -191,7 +213,7 @@ def _run_llm(a) -> None:
             raise UsageError(f"--layers {a.layers}: llm lre sweeps listed layers, e.g. 3,9,15 or 4-20")
         cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, layers=layers, beta=a.beta, rank=a.rank,
                           n_train=a.n_train, facts=a.facts, max_test=a.max_test, protocol=a.protocol,
-                          n_trials=a.trials, filter_trials=a.filter_trials, ranks=ranks,
+                          n_trials=a.trials, ranks=ranks,
                           **prompt_options(a))
         executor = make_executor_from(a, "llm lre: relations")
         try:

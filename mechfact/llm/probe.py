@@ -5,8 +5,24 @@ at every requested layer (:func:`mechfact.probes.queries.collect`, the one
 activation collector), mark the facts the model knows
 (greedy next token(s) = the object's first token(s)), and score a linear
 readout ``state -> object`` on held-out subjects with
-:func:`mechfact.probes.readout.linear_readout` -- the same readout the synthetic
-models use.
+:func:`mechfact.probes.readout.nested_layer_readout` -- the readout the synthetic
+models use (:func:`mechfact.probes.readout.linear_readout`), at every layer and at
+one layer chosen without the test data.
+
+* Splits are by subject (every fact of a subject on one side, one-to-many
+  relations too): the subjects are dealt into ``round(1 / heldout_fraction)``
+  folds, ``n_splits`` of which are held out in turn (disjoint, so every scored
+  fact is scored once); ``split="stratified"`` spreads each object's subjects
+  evenly over the folds without forcing any into the test part.
+* ``per_layer``: each layer's held-out accuracy, beside the shuffled-label
+  control, the majority rate (``chance``), ``prior_baseline`` and ``ceiling``
+  (share of test facts whose object the readout can name: a classifier cannot
+  name an object absent from training). Descriptive curves: the best of them is
+  picked on the test data (``best_on_test_upper_bound``, an optimistic bound).
+* ``best_layers`` (one row per relation): the layer chosen by cross-validation
+  inside the training subjects (``selected_on: "validation"``), scored once on
+  the held-out subjects; the shuffled-label control chooses its layer the same
+  way. Every number carries ``_ci`` (Wilson, or bootstrap for the prior) and ``_n``.
 
 * many-to-one relations: ``kind="classifier"`` over the relation's objects.
 * one-to-one relations (every object unique, so a held-out subject's object is
@@ -31,10 +47,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .. import hooks
+from .. import hooks, stats
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
 from ..probes.queries import PADDING, ProbeSet, Site, collect, pad_batch
-from ..probes.readout import linear_readout, split_indices, stratified_split_indices
+from ..probes.readout import nested_layer_readout, outer_fold_count, subject_splits
 from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import DTYPES, LanguageModel, check_remote, load_model, worker_model
@@ -61,9 +77,11 @@ class ProbeConfig(DictConfig):
     max_samples: int | None = None  # N evenly spaced samples per relation (None = all)
     known_tokens: int = 1  # a fact is known when the greedy next tokens match the object's first N tokens
     readout_on: str = "all"  # all | known: which facts the readout is fitted/scored on
-    heldout_fraction: float = 0.25  # held-out subjects per split
-    n_splits: int = 3  # readout accuracy averaged over this many random subject splits
-    split: str = "stratified"  # stratified: object-balanced held-out subjects (as the LRE authors) | random
+    known_only: bool = False  # fit and score only the facts the model knows (= readout_on "known")
+    heldout_fraction: float = 0.25  # subjects are dealt into round(1 / heldout_fraction) folds; one is held out
+    n_splits: int = 3  # folds held out in turn (disjoint test parts; at most round(1 / heldout_fraction))
+    split: str = "random"  # random: subjects dealt to folds at random | stratified: each object's subjects spread
+    inner_folds: int = 3  # folds of the training subjects that choose the layer (nested cross-validation)
     C: float = 1.0  # logistic-regression regularisation (classifier readout)
     alpha: float = 10.0  # ridge regularisation (vector readout)
     dtype: str = "float32"
@@ -77,9 +95,12 @@ class ProbeConfig(DictConfig):
         check_prompt_options(self)
         check_int("known_tokens", self.known_tokens, 1)
         check_choice("readout_on", self.readout_on, ("all", "known"))
+        if not isinstance(self.known_only, bool):
+            raise ValueError(f"--known-only {self.known_only!r}: must be true or false")
         check_float("heldout", self.heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
-        check_int("splits", self.n_splits, 1)
+        check_int("splits", self.n_splits, 1, outer_fold_count(self.heldout_fraction))
         check_choice("split", self.split, ("stratified", "random"))
+        check_int("inner_folds", self.inner_folds, 2)
         check_float("C", self.C, lo=0, lo_open=True)
         check_float("alpha", self.alpha, lo=0, lo_open=True)
         check_int("batch_size", self.batch_size, 1)
@@ -178,73 +199,103 @@ def readout_targets(rs: RelationStates, lm: LanguageModel, idx: np.ndarray):
     return "vector", np.array([cls[t] for t in firsts]), vecs
 
 
-def layer_readouts(rs: RelationStates, lm: LanguageModel, cfg: ProbeConfig, seed: int) -> list[dict]:
-    """Readout rows (one per layer) of one relation's states, averaged over ``cfg.n_splits`` subject splits."""
-    idx = np.arange(len(rs.prompts)) if cfg.readout_on == "all" else np.flatnonzero(rs.known)
+def _readout_facts(rs: RelationStates, cfg: ProbeConfig) -> tuple[str, np.ndarray]:
+    """("known" or "all", the indices of the facts the readout is fitted and scored on)."""
+    if cfg.known_only or cfg.readout_on == "known":
+        return "known", np.flatnonzero(rs.known)
+    return "all", np.arange(len(rs.prompts))
+
+
+_RENAME = {"accuracy": "readout_accuracy", "accuracy_ci": "readout_accuracy_ci", "accuracy_n": "readout_accuracy_n",
+           "accuracy_range": "readout_accuracy_range"}
+
+
+def relation_readout(rs: RelationStates, lm: LanguageModel, cfg: ProbeConfig, seed: int
+                     ) -> tuple[list[dict], dict | None]:
+    """One relation's readout: (a row per layer, the row of the layer chosen without the test data).
+
+    Subject splits (:func:`mechfact.probes.readout.subject_splits`), then
+    :func:`mechfact.probes.readout.nested_layer_readout`: the layer is chosen by ``cfg.inner_folds``-fold
+    cross-validation over each split's training subjects and scored once on its held-out subjects. Too few
+    facts or subjects for the folds: ``([], None)`` with a warning.
+    """
+    facts, idx = _readout_facts(rs, cfg)
     name = rs.relation.name
-    if len(idx) < 4:
-        logger.warning("%s: %d facts for the readout (need 4); skipped", name, len(idx))
-        return []
+    subjects = np.array([rs.relation.subjects[i] for i in idx], dtype=object)
+    n_subj = len(set(subjects.tolist()))
+    need = max(4, outer_fold_count(cfg.heldout_fraction) + 1)
+    if len(idx) < 4 or n_subj < need:
+        logger.warning("%s: %d %s facts of %d subjects for the readout (need %d subjects); skipped", name, len(idx),
+                       facts, n_subj, need)
+        return [], None
     kind, y, vecs = readout_targets(rs, lm, idx)
-    split = (lambda s: stratified_split_indices(y, cfg.heldout_fraction, seed=s)) if cfg.split == "stratified" \
-        else (lambda s: split_indices(len(idx), cfg.heldout_fraction, seed=s))
-    splits = [split(derive_seed(seed, f"llm.split.{name}", s)) for s in range(cfg.n_splits)]
-    rows = []
-    for j, layer in enumerate(rs.layers):
-        X = rs.states[j, idx].double().numpy()
-        scores = [linear_readout(X, y, tr, te, kind=kind, object_vectors=vecs, C=cfg.C, alpha=cfg.alpha,
-                                 seed=derive_seed(seed, f"llm.control.{name}", s))
-                  for s, (tr, te) in enumerate(splits)]
-        rows.append({"layer": layer, "relation": name, "readout_kind": kind,
-                     "readout_accuracy": float(np.mean([s.accuracy for s in scores])),
-                     "control_accuracy": float(np.mean([s.control_accuracy for s in scores])),
-                     "chance": float(np.mean([s.chance for s in scores])),
-                     "prior_baseline": float(np.mean([s.prior_baseline for s in scores])),
-                     "readout_accuracy_range": [float(min(s.accuracy for s in scores)),
-                                                float(max(s.accuracy for s in scores))],
-                     "chance_range": [float(min(s.chance for s in scores)), float(max(s.chance for s in scores))],
-                     "n_train": scores[0].n_train, "n_test": scores[0].n_test, "n_classes": scores[0].n_classes})
-    return rows
+    strata = y if cfg.split == "stratified" and kind == "classifier" else None
+    splits = subject_splits(subjects, cfg.heldout_fraction, cfg.n_splits, seed=derive_seed(seed, f"llm.split.{name}"),
+                            strata=strata)
+    out = nested_layer_readout([rs.states[j, idx].double().numpy() for j in range(len(rs.layers))], y, subjects,
+                               splits, kind=kind, object_vectors=vecs, inner_folds=cfg.inner_folds, strata=strata,
+                               C=cfg.C, alpha=cfg.alpha, seed=derive_seed(seed, f"llm.readout.{name}"),
+                               layer_names=list(rs.layers))
+    head = {"relation": name, "readout_kind": kind, "facts": facts}
+    rows = [{**head, **{_RENAME.get(k, k): v for k, v in r.items()}} for r in out["per_layer"]]
+    return rows, {**head, **{_RENAME.get(k, k): v for k, v in out["selected"].items()}}
+
+
+def layer_readouts(rs: RelationStates, lm: LanguageModel, cfg: ProbeConfig, seed: int) -> list[dict]:
+    """Readout rows (one per layer) of one relation's states, pooled over ``cfg.n_splits`` held-out subject
+    folds (each scored fact once): descriptive curves; :func:`relation_readout` also chooses a layer."""
+    return relation_readout(rs, lm, cfg, seed)[0]
 
 
 def mean_curves(result: dict) -> list[dict]:
-    """Mean readout / control / chance per layer over relations, per relation kind and overall."""
+    """Mean readout / control / chance / prior / ceiling per layer over relations, per relation kind and overall,
+    each with a bootstrap interval over the relations (``_n``: relations). Descriptive: each layer is scored on
+    the test subjects; the layer to report is chosen in :func:`best_layers`."""
     kinds = {r["relation"]: r["kind"] for r in result["relations"]}
     out = []
     for group in ("many_to_one", "one_to_one", "one_to_many", "many_to_many", "all"):
         rows = [r for r in result["per_layer"] if group == "all" or kinds.get(r["relation"]) == group]
         for layer in sorted({r["layer"] for r in rows}):
             at = [r for r in rows if r["layer"] == layer]
-            out.append({"group": group, "layer": layer, "n_relations": len(at),
-                        **{f"mean_{k}": float(np.mean([r.get(k, np.nan) for r in at]))
-                           for k in ("readout_accuracy", "control_accuracy", "chance", "prior_baseline")}})
+            row = {"group": group, "layer": layer, "n_relations": len(at)}
+            for k in ("readout_accuracy", "control_accuracy", "chance", "prior_baseline", "ceiling"):
+                vals = [float(r[k]) for r in at if r.get(k) is not None]
+                est = stats.bootstrap(vals, seed=derive_seed(0, f"llm.mean.{group}.{k}", int(layer)))
+                row.update(stats.fields(f"mean_{k}", est) if vals else
+                           {f"mean_{k}": float("nan"), f"mean_{k}_ci": [None, None], f"mean_{k}_n": 0})
+            out.append(row)
     return out
 
 
 def best_layers(result: dict) -> list[dict]:
+    """Per relation: the readout at the layer chosen on validation folds of the training subjects
+    (``selected_layer``; ``best_layer`` is the same layer), scored on the held-out subjects, beside the
+    control (which chose its own layer the same way), the majority rate, the prior baseline, the ceiling, and
+    ``best_on_test_upper_bound`` (the per-layer maximum on the test subjects: optimistic, not an estimate)."""
     out = []
     for rel in result["relations"]:
-        rows = [r for r in result["per_layer"] if r["relation"] == rel["relation"]]
-        if rows:
-            b = max(rows, key=lambda r: (r["readout_accuracy"], -r["layer"]))
-            out.append({"relation": rel["relation"], "kind": rel["kind"], "best_layer": b["layer"],
-                        **{k: b.get(k) for k in ("readout_accuracy", "readout_accuracy_range", "control_accuracy",
-                                                 "chance", "prior_baseline", "n_test")}})
+        sel = rel.get("selection")
+        if sel:
+            out.append({"relation": rel["relation"], "kind": rel["kind"], "best_layer": sel["selected_layer"],
+                        **{k: v for k, v in sel.items() if k != "relation"}})
     return out
 
 
-def _relation_record(rel: Relation, rs: RelationStates) -> dict:
+def _relation_record(rel: Relation, rs: RelationStates, selection: dict | None = None) -> dict:
     return {"relation": rel.name, "kind": rel.kind, "n_samples": len(rel), "n_known": int(rs.known.sum()),
-            "n_objects": len(rel.object_set), "known_subjects": [p.subject for p, k in zip(rs.prompts, rs.known) if k]}
+            "n_objects": len(rel.object_set), "known_subjects": [p.subject for p, k in zip(rs.prompts, rs.known) if k],
+            "selection": selection}
 
 
 def _probe_relation(lm: LanguageModel, rel: Relation, cfg: ProbeConfig, layers, seed: int,
                     progress: bool) -> tuple[dict, list[dict]]:
     rs = relation_states(lm, rel, cfg, layers=layers, seed=seed, progress=progress)
-    rows = layer_readouts(rs, lm, cfg, seed)
-    logger.info("%s: %d/%d known; best readout %.2f", rel.name, int(rs.known.sum()), len(rel),
-                max([r["readout_accuracy"] for r in rows], default=float("nan")))
-    return _relation_record(rel, rs), rows
+    rows, sel = relation_readout(rs, lm, cfg, seed)
+    if sel is not None:
+        logger.info("%s: %d/%d known; readout %.2f at layer %s (chosen on validation folds; control %.2f)",
+                    rel.name, int(rs.known.sum()), len(rel), sel["readout_accuracy"], sel["selected_layer"],
+                    sel["control_accuracy"])
+    return _relation_record(rel, rs, sel), rows
 
 
 def _check_templates(rels: list[Relation], template: int) -> None:
@@ -255,12 +306,13 @@ def _check_templates(rels: list[Relation], template: int) -> None:
 
 @dataclass
 class LayerReadoutResult:
-    """What :func:`layer_readout` returns: per-layer rows, per-relation facts, means and best layers."""
+    """What :func:`layer_readout` returns: per-layer rows, per-relation facts, mean curves and, per relation, the
+    readout at the layer chosen on validation folds of the training subjects (``best_layers``)."""
 
     model: str
     n_layers: int
-    relations: list[dict]  # relation, kind, n_samples, n_known, n_objects, known_subjects
-    per_layer: list[dict]  # layer, relation, readout_kind, readout_accuracy, control_accuracy, chance, n_train, ...
+    relations: list[dict]  # relation, kind, n_samples, n_known, n_objects, known_subjects, selection
+    per_layer: list[dict]  # layer, relation, readout_kind, readout_accuracy(_ci, _n), control_accuracy, chance, ...
     mean_per_layer: list[dict] = field(default_factory=list)
     best_layers: list[dict] = field(default_factory=list)
 
@@ -284,8 +336,10 @@ def layer_readout(lm: LanguageModel, relations=None, layers="all", *, seed: int 
     ``lm``: a :class:`~mechfact.llm.loading.LanguageModel` (:func:`mechfact.load_model`). ``relations``: a
     Relation, a list of them, a relation file / folder, or None (the shipped dataset). ``layers``: ``"all"``
     or a list. ``options``: any :class:`ProbeConfig` field (``site``, ``position``, ``k_shot``, ``template``,
-    ``max_samples``, ``known_tokens``, ``readout_on``, ``heldout_fraction``, ``n_splits``, ``C``, ``alpha``,
-    ``batch_size``, ``padding``, ``cache_states``), with the same defaults as ``mechfact llm probe``.
+    ``max_samples``, ``known_tokens``, ``readout_on``, ``known_only``, ``heldout_fraction``, ``n_splits``,
+    ``split``, ``inner_folds``, ``C``, ``alpha``, ``batch_size``, ``padding``, ``cache_states``), with the same
+    defaults as ``mechfact llm probe``. ``best_layers`` holds each relation's readout at the layer chosen
+    without the test data; ``per_layer`` / ``mean_per_layer`` are the descriptive curves.
     """
     cfg = ProbeConfig(layers=None if layers == "all" else list(layers), **options)
     rels = [r.subset(cfg.max_samples) for r in as_relations(relations, cfg.relation_names)]

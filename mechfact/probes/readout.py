@@ -15,21 +15,40 @@ Two kinds, chosen by the data:
 Every score comes with a shuffled-label control: the same fit with the training
 targets permuted (seeded), scored on the same test set. A readout means
 something only when ``accuracy`` is well above both ``chance`` and
-``control_accuracy``.
+``control_accuracy``. Beside them: ``prior_baseline`` (the expected accuracy of
+guessing by the training objects' frequencies) and ``ceiling`` (the share of
+test items whose object the readout can name at all: for the classifier, those
+whose object occurs among the training objects; the vector readout decodes
+among every object of the relation, so its ceiling is 1). Every number carries
+``<name>_ci`` and ``<name>_n`` (:mod:`mechfact.stats`).
+
+Choosing among many representations (the layers of a model) is a fit like any
+other: :func:`nested_layer_readout` picks the layer by cross-validation inside
+the training subjects (:func:`select_layer`, which is only ever given training
+rows) and scores the chosen layer once on the held-out subjects; the
+shuffled-label control goes through the same selection. Splits keep every fact
+of a subject on one side (:func:`group_folds`, :func:`subject_splits`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from .. import hooks
+from .. import hooks, stats
 from ..config import check_float
 from ..seeding import derive_seed
 
 KINDS = ("classifier", "vector")
+REPORTED = ("accuracy", "control_accuracy", "chance", "prior_baseline", "ceiling")
+
+
+def _no_ci() -> list:
+    return [None, None]
 
 
 @dataclass
@@ -42,9 +61,18 @@ class ReadoutScore:
     n_test: int
     n_classes: int  # distinct objects (classifier) or candidate vectors (vector)
     prior_baseline: float = float("nan")  # expected accuracy of guessing by the training class prior
+    ceiling: float = float("nan")  # share of test items whose object the readout can name (see the module doc)
+    accuracy_ci: list = field(default_factory=_no_ci)
+    control_accuracy_ci: list = field(default_factory=_no_ci)
+    chance_ci: list = field(default_factory=_no_ci)
+    prior_baseline_ci: list = field(default_factory=_no_ci)
+    ceiling_ci: list = field(default_factory=_no_ci)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, plus ``<name>_n`` (= ``n_test``, the test items) of every reported number."""
+        out = asdict(self)
+        out.update({f"{k}_n": self.n_test for k in REPORTED})
+        return out
 
 
 def split_indices(n: int, heldout_fraction: float = 0.25, seed: int = 0, tag: str = "readout.split"
@@ -59,32 +87,56 @@ def split_indices(n: int, heldout_fraction: float = 0.25, seed: int = 0, tag: st
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-def stratified_split_indices(labels, heldout_fraction: float = 0.25, seed: int = 0, tag: str = "readout.split"
-                             ) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded (train, test) split balanced by label (object): each label with n >= 2 items puts
-    ``round(fraction * n)`` of them (at least 1, at most n - 1) in the test part; labels seen once are split
-    at random in the same proportion. Both parts non-empty. As the LRE authors split by object."""
-    y = np.asarray(labels)
-    if len(y) < 2:
-        raise ValueError(f"n={len(y)}: a train/test split needs at least 2 items")
-    if not 0.0 < heldout_fraction < 1.0:
-        raise ValueError(f"heldout_fraction={heldout_fraction}: must lie in (0, 1)")
-    rng = np.random.default_rng(derive_seed(seed, tag + ".stratified"))
-    test, singles = [], []
-    for c in np.unique(y):
-        members = rng.permutation(np.flatnonzero(y == c))
-        if len(members) == 1:
-            singles.append(int(members[0]))
-        else:
-            test += members[:min(len(members) - 1, max(1, int(round(heldout_fraction * len(members)))))].tolist()
-    singles = rng.permutation(np.array(singles, dtype=np.int64))
-    test += singles[:int(round(heldout_fraction * len(singles)))].tolist()
-    if not test:
-        test = [int(rng.integers(len(y)))]
-    if len(test) == len(y):
-        test = test[1:]
-    te = np.sort(np.array(test, dtype=np.int64))
-    return np.setdiff1d(np.arange(len(y)), te), te
+def group_folds(groups, k: int, seed: int = 0, strata=None, tag: str = "readout.folds") -> np.ndarray:
+    """The fold (0..k-1) of every item; all items of one group (subject) share a fold.
+
+    Groups are dealt round-robin to the folds in a seeded random order, so fold sizes differ by at most one
+    group. ``strata`` (one label per item, e.g. the object; a group takes its first item's): the groups are
+    ordered by stratum (strata in random order) before the deal, so each stratum is spread evenly over the
+    folds. A stratum of one group lands in a random fold like any other group: no stratum is forced into a
+    fold.
+    """
+    g = np.asarray(groups)
+    if g.ndim != 1 or len(g) == 0:
+        raise ValueError(f"groups has shape {g.shape}: expected one label per item")
+    uniq, first, inv = np.unique(g, return_index=True, return_inverse=True)
+    if not 2 <= k <= len(uniq):
+        raise ValueError(f"{len(uniq)} groups (subjects) cannot fill {k} folds (need 2 <= folds <= groups)")
+    rng = np.random.default_rng(derive_seed(seed, tag))
+    order = rng.permutation(len(uniq))
+    if strata is not None:
+        s = np.asarray(strata)
+        if s.shape != g.shape:
+            raise ValueError(f"strata has shape {s.shape}: expected {g.shape}, one label per item")
+        _, code = np.unique(s[first], return_inverse=True)
+        rank = rng.permutation(int(code.max()) + 1)[code]
+        order = order[np.argsort(rank[order], kind="stable")]
+    fold_of_group = np.empty(len(uniq), dtype=np.int64)
+    fold_of_group[order] = (np.arange(len(uniq)) + int(rng.integers(k))) % k
+    return fold_of_group[inv.ravel()]
+
+
+def outer_fold_count(heldout_fraction: float) -> int:
+    """Folds of the subjects whose one part is the held-out share: ``round(1 / heldout_fraction)``, at least 2."""
+    check_float("heldout", heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
+    return max(2, int(round(1.0 / heldout_fraction)))
+
+
+def subject_splits(groups, heldout_fraction: float = 0.25, n_splits: int | None = None, seed: int = 0,
+                   strata=None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, test) index splits by group (subject): every fact of a subject lies on one side.
+
+    The groups are dealt into ``K = round(1 / heldout_fraction)`` folds (:func:`group_folds`, optionally
+    stratified); split ``i`` holds out fold ``i``. The held-out parts are disjoint, so pooled over the splits
+    every scored item is scored once; ``n_splits`` (default ``K``, at most ``K``) of them are used.
+    """
+    k = outer_fold_count(heldout_fraction)
+    n_splits = k if n_splits is None else int(n_splits)
+    if not 1 <= n_splits <= k:
+        raise ValueError(f"--splits {n_splits}: the held-out parts are disjoint folds, between 1 and {k} with "
+                         f"--heldout {heldout_fraction:g}")
+    fold = group_folds(groups, k, seed, strata, "readout.outer")
+    return [(np.flatnonzero(fold != f), np.flatnonzero(fold == f)) for f in range(n_splits)]
 
 
 def _check_strengths(alpha: float, C: float) -> None:
@@ -100,26 +152,93 @@ def _as2d(x, name: str) -> np.ndarray:
     return a
 
 
-def _classifier(X_tr, y_tr, X_te, y_te, C: float, max_iter: int) -> float:
+def _predict_classifier(X_tr, y_tr, X_te, C: float, max_iter: int) -> np.ndarray:
     from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     if len(np.unique(y_tr)) < 2:  # nothing to learn: predict the only class
-        return float(np.mean(y_te == y_tr[0]))
-    clf = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter))
-    clf.fit(X_tr, y_tr)
-    return float(np.mean(clf.predict(X_te) == y_te))
+        return np.full(len(X_te), y_tr[0], dtype=np.int64)
+    scaler = StandardScaler().fit(X_tr)
+    Z_tr, Z_te = scaler.transform(X_tr), scaler.transform(X_te)
+    if Z_tr.shape[1] > Z_tr.shape[0]:
+        # fewer items than features: the L2-penalised weights lie in the span of the (centred) training rows, so
+        # the fit in the coordinates of that span has the same optimum, and is found faster
+        _, sv, Vt = np.linalg.svd(Z_tr, full_matrices=False)
+        basis = Vt[sv > sv[0] * 1e-10].T if sv[0] > 0 else Vt[:1].T
+        Z_tr, Z_te = Z_tr @ basis, Z_te @ basis
+    with warnings.catch_warnings():  # small inner folds: many classes for few items is expected, not a mistake
+        warnings.filterwarnings("ignore", message="The number of unique classes", category=UserWarning)
+        clf = LogisticRegression(C=C, max_iter=max_iter).fit(Z_tr, y_tr)
+    return np.asarray(clf.predict(Z_te), dtype=np.int64)
 
 
-def _vector(X_tr, V_tr, X_te, y_te, candidates: np.ndarray, alpha: float) -> float:
+def _predict_vector(X_tr, V_tr, X_te, candidates: np.ndarray, alpha: float) -> np.ndarray:
     from sklearn.linear_model import Ridge
 
     reg = Ridge(alpha=alpha, fit_intercept=True).fit(X_tr, V_tr)
     pred = reg.predict(X_te)
     pn = pred / np.maximum(np.linalg.norm(pred, axis=1, keepdims=True), 1e-12)
     cn = candidates / np.maximum(np.linalg.norm(candidates, axis=1, keepdims=True), 1e-12)
-    return float(np.mean(np.argmax(pn @ cn.T, axis=1) == y_te))
+    return np.argmax(pn @ cn.T, axis=1).astype(np.int64)
+
+
+@dataclass
+class _Fitter:
+    """One kind of readout: ``predict(X_tr, y_tr, X_te)`` -> predicted object ids of ``X_te``."""
+
+    kind: str
+    candidates: np.ndarray | None = None  # (K, k) object vectors, vector kind
+    C: float = 1.0
+    alpha: float = 1.0
+    max_iter: int = 2000
+
+    def predict(self, X_tr, y_tr, X_te) -> np.ndarray:
+        if self.kind == "classifier":
+            return _predict_classifier(X_tr, y_tr, X_te, self.C, self.max_iter)
+        return _predict_vector(X_tr, self.candidates[y_tr], X_te, self.candidates, self.alpha)
+
+
+def _fitter(kind: str, y: np.ndarray, object_vectors, C: float, alpha: float, max_iter: int) -> _Fitter:
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: allowed {KINDS}")
+    _check_strengths(alpha, C)
+    if kind == "classifier":
+        return _Fitter(kind, None, C, alpha, max_iter)
+    if object_vectors is None:
+        raise ValueError("kind='vector' needs object_vectors (n_objects, k)")
+    V = _as2d(object_vectors, "object_vectors")
+    if len(y) and (y.min() < 0 or y.max() >= V.shape[0]):
+        raise ValueError(f"object ids span {y.min()}..{y.max()}: allowed 0..{V.shape[0] - 1} (rows of object_vectors)")
+    return _Fitter(kind, V, C, alpha, max_iter)
+
+
+def _baselines(fit: _Fitter, y_tr: np.ndarray, y_te: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """Per test item: (majority guess right -- None for the vector kind, whose chance is 1 / #candidates --,
+    probability of its object under the training prior, whether the readout can name its object at all)."""
+    if fit.kind == "vector":
+        k = fit.candidates.shape[0]
+        return None, np.full(len(y_te), 1.0 / k), np.ones(len(y_te), dtype=bool)
+    vals, counts = np.unique(y_tr, return_counts=True)
+    p_train = dict(zip(vals.tolist(), (counts / counts.sum()).tolist()))
+    return (y_te == vals[np.argmax(counts)], np.array([p_train.get(int(v), 0.0) for v in y_te]),
+            np.isin(y_te, vals))
+
+
+def _exact(value: float, n: int) -> stats.Estimate:
+    return stats.Estimate(value, value, value, n, "exact")
+
+
+def _baseline_estimates(fit: _Fitter, majority, prior: np.ndarray, reach: np.ndarray, seed: int) -> dict:
+    """``chance`` (Wilson of the majority guess; exact 1 / #candidates for the vector kind), ``prior_baseline``
+    (bootstrap over test items of each item's prior probability; exact for the vector kind), ``ceiling`` (Wilson;
+    exact 1 for the vector kind)."""
+    n = len(prior)
+    if fit.kind == "vector":
+        c = float(prior[0]) if n else None
+        return {"chance": _exact(c, n), "prior_baseline": _exact(c, n), "ceiling": _exact(1.0 if n else None, n)}
+    return {"chance": stats.accuracy(majority),
+            "prior_baseline": stats.bootstrap(prior, seed=derive_seed(seed, "readout.prior")),
+            "ceiling": stats.accuracy(reach)}
 
 
 def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kind: str = "classifier",
@@ -131,40 +250,186 @@ def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kin
     ``objects``: (n,) integer object ids. For ``kind="vector"`` they index the
     rows of ``object_vectors`` (n_objects, k), which are also the candidates the
     prediction is decoded against. ``C`` (logistic) and ``alpha`` (ridge) are the
-    regularisation strengths.
+    regularisation strengths. Every number comes with its interval over the test items.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind={kind!r}: allowed {KINDS}")
-    _check_strengths(alpha, C)
     X = _as2d(features, "features")
     y = np.asarray(objects, dtype=np.int64)
     if y.shape != (X.shape[0],):
         raise ValueError(f"objects has shape {y.shape}: expected ({X.shape[0]},), one per feature row")
+    fit = _fitter(kind, y, object_vectors, C, alpha, max_iter)
     tr, te = np.asarray(train_idx, dtype=np.int64), np.asarray(test_idx, dtype=np.int64)
     if len(tr) == 0 or len(te) == 0:
         raise ValueError(f"train ({len(tr)}) and test ({len(te)}) sets must both be non-empty")
     rng = np.random.default_rng(derive_seed(seed, "readout.control"))
     y_shuf = y[tr][rng.permutation(len(tr))]
-    if kind == "classifier":
-        acc = _classifier(X[tr], y[tr], X[te], y[te], C, max_iter)
-        ctrl = _classifier(X[tr], y_shuf, X[te], y[te], C, max_iter)
-        vals, counts = np.unique(y[tr], return_counts=True)
-        chance = float(np.mean(y[te] == vals[np.argmax(counts)]))
-        p_train = dict(zip(vals.tolist(), (counts / counts.sum()).tolist()))
-        prior = float(np.mean([p_train.get(int(v), 0.0) for v in y[te]]))
-        n_classes = int(len(np.unique(y)))
-    else:
-        if object_vectors is None:
-            raise ValueError("kind='vector' needs object_vectors (n_objects, k)")
-        V = _as2d(object_vectors, "object_vectors")
-        if y.min() < 0 or y.max() >= V.shape[0]:
-            raise ValueError(f"object ids span {y.min()}..{y.max()}: allowed 0..{V.shape[0] - 1} (rows of object_vectors)")
-        acc = _vector(X[tr], V[y[tr]], X[te], y[te], V, alpha)
-        ctrl = _vector(X[tr], V[y_shuf], X[te], y[te], V, alpha)
-        chance = prior = 1.0 / V.shape[0]
-        n_classes = int(V.shape[0])
-    return ReadoutScore(kind=kind, accuracy=acc, control_accuracy=ctrl, chance=chance,
-                        n_train=int(len(tr)), n_test=int(len(te)), n_classes=n_classes, prior_baseline=prior)
+    acc = stats.accuracy(fit.predict(X[tr], y[tr], X[te]) == y[te])
+    ctrl = stats.accuracy(fit.predict(X[tr], y_shuf, X[te]) == y[te])
+    base = _baseline_estimates(fit, *_baselines(fit, y[tr], y[te]), seed=seed)
+    n_classes = int(len(np.unique(y))) if kind == "classifier" else int(fit.candidates.shape[0])
+    ci = {f"{k}_ci": [e.low, e.high] for k, e in (("accuracy", acc), ("control_accuracy", ctrl), *base.items())}
+    return ReadoutScore(kind=kind, accuracy=acc.value, control_accuracy=ctrl.value, chance=base["chance"].value,
+                        n_train=int(len(tr)), n_test=int(len(te)), n_classes=n_classes,
+                        prior_baseline=base["prior_baseline"].value, ceiling=base["ceiling"].value, **ci)
+
+
+# ---- choosing a layer without the test data ------------------------------------------------
+
+
+def select_layer(layers: Sequence, objects, groups, *, kind: str = "classifier", object_vectors=None,
+                 folds: int = 3, strata=None, C: float = 1.0, alpha: float = 1.0, max_iter: int = 2000,
+                 seed: int = 0) -> tuple[int, list[float]]:
+    """The layer a readout should use, chosen from TRAINING data only.
+
+    ``layers``: one (n, d) feature array per candidate layer, holding the training rows only (the caller
+    never passes held-out rows); ``objects`` and ``groups`` (subjects) label those rows. Cross-validation
+    over ``folds`` folds of the groups (:func:`group_folds`): each layer's readout is fitted on the other
+    folds and scored on the left-out one, the right answers pooled. Returns (the index of the layer with the
+    highest validation accuracy, the lowest index among ties; the validation accuracy of every layer).
+    """
+    y = np.asarray(objects, dtype=np.int64)
+    g = np.asarray(groups)
+    if g.shape != y.shape:
+        raise ValueError(f"groups has shape {g.shape}: expected {y.shape}, one per training row")
+    k = min(int(folds), len(np.unique(g)))
+    if k < 2:
+        raise ValueError(f"select_layer: {len(np.unique(g))} training subject(s); cross-validation needs 2")
+    fit = _fitter(kind, y, object_vectors, C, alpha, max_iter)
+    fold = group_folds(g, k, seed, strata, "readout.inner")
+    acc = []
+    for X in layers:
+        X = _as2d(X, "features")
+        if X.shape[0] != len(y):
+            raise ValueError(f"features have {X.shape[0]} rows: expected {len(y)}, one per training row")
+        right = sum(int((fit.predict(X[fold != f], y[fold != f], X[fold == f]) == y[fold == f]).sum())
+                    for f in range(k))
+        acc.append(right / len(y))
+    if not acc:
+        raise ValueError("select_layer: no layer to choose from")
+    return int(np.argmax(acc)), acc
+
+
+def _mode(values: list) -> object:
+    """The most frequent value; among ties, the one seen first in sorted order."""
+    counts = Counter(values)
+    top = max(counts.values())
+    return min(v for v, c in counts.items() if c == top)
+
+
+def nested_layer_readout(layers: Sequence, objects, groups, splits, *, kind: str = "classifier",
+                         object_vectors=None, inner_folds: int = 3, strata=None, C: float = 1.0,
+                         alpha: float = 1.0, max_iter: int = 2000, seed: int = 0,
+                         layer_names: Sequence | None = None) -> dict:
+    """A readout at every layer, and at the layer chosen without the test data (nested cross-validation).
+
+    ``layers``: one (n, d) feature array per layer (rows = facts); ``objects``: (n,) object ids (rows of
+    ``object_vectors`` for ``kind="vector"``); ``groups``: (n,) subject of each fact; ``splits``: (train,
+    test) index pairs with disjoint test parts (:func:`subject_splits`), so that pooled over the splits every
+    scored fact is scored once and a Wilson interval over the scored facts applies.
+
+    Per split: the real readout and the shuffled-label control (training targets permuted, seeded per split)
+    are fitted on the training part at every layer and scored on the test part (``per_layer``: descriptive
+    curves). :func:`select_layer` -- given the training rows only -- chooses the layer by inner
+    cross-validation over the training subjects; the control chooses its own layer the same way from its
+    permuted targets. The chosen layer's test predictions are those of the per-layer fit (the same fit on the
+    same training part). The majority (``chance``), ``prior_baseline`` and ``ceiling`` do not depend on a layer;
+    they are scored on the same test facts.
+
+    Returns ``{"per_layer": [row per layer], "selected": row}``. The selected row: ``selected_on``
+    ("validation"), ``selected_layer`` (the layer most splits chose; ties: the lower), ``selected_layers``
+    (each split's), ``accuracy`` / ``control_accuracy`` (at the chosen layers), ``chance``,
+    ``prior_baseline``, ``ceiling``, ``best_on_test_upper_bound`` and ``control_best_on_test_upper_bound``
+    (the largest per-layer test accuracy: the layer picked on the test data, an optimistic bound and no
+    estimate), each with ``_ci`` and ``_n``; ``n_train`` (mean training facts per split), ``n_test``
+    (scored facts), ``n_classes``.
+    """
+    Xs = [_as2d(X, "features") for X in layers]
+    if not Xs:
+        raise ValueError("nested_layer_readout: no layer")
+    y = np.asarray(objects, dtype=np.int64)
+    n = len(y)
+    g = np.asarray(groups)
+    if any(X.shape[0] != n for X in Xs) or g.shape != (n,):
+        raise ValueError(f"every layer's features and groups need one row per object ({n})")
+    st = None if strata is None else np.asarray(strata)
+    names = list(range(len(Xs))) if layer_names is None else list(layer_names)
+    if len(names) != len(Xs):
+        raise ValueError(f"{len(names)} layer names for {len(Xs)} layers")
+    fit = _fitter(kind, y, object_vectors, C, alpha, max_iter)
+    splits = [(np.asarray(tr, dtype=np.int64), np.asarray(te, dtype=np.int64)) for tr, te in splits]
+    if not splits:
+        raise ValueError("nested_layer_readout: no split")
+    seen = np.zeros(n, dtype=np.int64)
+    for tr, te in splits:
+        if len(tr) == 0 or len(te) == 0:
+            raise ValueError(f"train ({len(tr)}) and test ({len(te)}) sets must both be non-empty")
+        if np.intersect1d(g[tr], g[te]).size:
+            raise ValueError("a subject lies in both the training and the test part of a split")
+        seen[te] += 1
+    if seen.max() > 1:
+        raise ValueError("the test parts of the splits overlap: pooled scores need disjoint test parts")
+    L = len(Xs)
+    pred = np.full((L, n), -1, dtype=np.int64)
+    pred_ctrl = np.full((L, n), -1, dtype=np.int64)
+    chosen = np.full(n, -1, dtype=np.int64)
+    chosen_ctrl = np.full(n, -1, dtype=np.int64)
+    majority = np.zeros(n, dtype=bool)
+    prior = np.zeros(n)
+    reach = np.zeros(n, dtype=bool)
+    sel, sel_ctrl, per_split = [], [], []
+    for s, (tr, te) in enumerate(splits):
+        y_shuf = y[tr][np.random.default_rng(derive_seed(seed, "readout.control", s)).permutation(len(tr))]
+        for j, X in enumerate(Xs):
+            pred[j, te] = fit.predict(X[tr], y[tr], X[te])
+            pred_ctrl[j, te] = fit.predict(X[tr], y_shuf, X[te])
+        train_rows = [X[tr] for X in Xs]
+        opts = dict(kind=kind, object_vectors=object_vectors, folds=inner_folds,
+                    strata=None if st is None else st[tr], C=C, alpha=alpha, max_iter=max_iter,
+                    seed=derive_seed(seed, "readout.select", s))
+        j_real, _ = select_layer(train_rows, y[tr], g[tr], **opts)
+        j_ctrl, _ = select_layer(train_rows, y_shuf, g[tr], **opts)
+        chosen[te], chosen_ctrl[te] = j_real, j_ctrl
+        sel.append(j_real)
+        sel_ctrl.append(j_ctrl)
+        m, p, r = _baselines(fit, y[tr], y[te])
+        if m is not None:
+            majority[te] = m
+        prior[te], reach[te] = p, r
+        per_split.append((len(tr), te))
+    scored = np.flatnonzero(seen == 1)
+    ys = y[scored]
+    base = _baseline_estimates(fit, majority[scored] if kind == "classifier" else None, prior[scored],
+                               reach[scored], seed)
+    base_fields = {k: v for name, e in base.items() for k, v in stats.fields(name, e).items()}
+    n_classes = int(len(np.unique(y))) if kind == "classifier" else int(fit.candidates.shape[0])
+    n_train = int(round(float(np.mean([t for t, _ in per_split]))))
+    common = {"n_train": n_train, "n_test": int(len(scored)), "n_classes": n_classes}
+
+    def split_range(p: np.ndarray, truth: np.ndarray) -> list[float]:
+        accs = [float(np.mean(p[te] == truth[te])) for _, te in per_split]
+        return [min(accs), max(accs)]
+
+    rows = []
+    layer_acc = []
+    for j in range(L):
+        acc = stats.accuracy(pred[j, scored] == ys)
+        ctrl = stats.accuracy(pred_ctrl[j, scored] == ys)
+        layer_acc.append((acc, ctrl))
+        rows.append({"layer": names[j], **stats.fields("accuracy", acc), **stats.fields("control_accuracy", ctrl),
+                     **base_fields, "accuracy_range": split_range(pred[j], y), **common})
+    best = int(np.argmax([a.value for a, _ in layer_acc]))
+    best_ctrl = int(np.argmax([c.value for _, c in layer_acc]))
+    acc = stats.accuracy(pred[chosen[scored], scored] == ys)
+    ctrl = stats.accuracy(pred_ctrl[chosen_ctrl[scored], scored] == ys)
+    selected = {"selected_on": "validation", "selected_layer": names[_mode(sel)],
+                "selected_layers": [names[j] for j in sel], "inner_folds": int(inner_folds),
+                **stats.fields("accuracy", acc),
+                "control_selected_layer": names[_mode(sel_ctrl)],
+                "control_selected_layers": [names[j] for j in sel_ctrl],
+                **stats.fields("control_accuracy", ctrl), **base_fields,
+                **stats.fields("best_on_test_upper_bound", layer_acc[best][0]), "best_on_test_layer": names[best],
+                **stats.fields("control_best_on_test_upper_bound", layer_acc[best_ctrl][1]),
+                "n_splits": len(splits), **common}
+    return {"per_layer": rows, "selected": selected}
 
 
 # ---- the probe on a hooked model ------------------------------------------------------
@@ -176,7 +441,8 @@ DEFAULT_SITES = (f"{hooks.embed()}@subject", f"{hooks.resid(0, 'mid')}@last", f"
 
 @dataclass
 class ReadoutResult:
-    per_relation: list  # dicts: relation, site, accuracy, control_accuracy, chance, kind, n_train, n_test, n_classes
+    per_relation: list  # dicts: relation, site, accuracy, control_accuracy, chance, prior_baseline, ceiling (each
+    # with _ci, _n), kind, n_train, n_test, n_classes
     sites: list
     kind: str
     object_vectors: str

@@ -25,6 +25,12 @@ Block structure: the row space of each ``M_r`` is where relation r's attribute
 is written; ``block_overlap[r][r']`` is the mean squared cosine of the principal
 angles between those subspaces (1 on the diagonal; 0 off it for disjoint
 blocks, about q/d for random q-dimensional subspaces).
+
+Null distributions (:func:`superposition_null`, and ``mechfact llm superposition``): the same ridge in its kernel
+form, k-fold over subjects, vectorised over null draws (attributes shuffled across subjects, or random attribute
+vectors): :func:`kfold`, :func:`code_kernel`, :func:`fold_kernels`, :func:`fit_fold`, :func:`cv_r2`. There the
+ridge strength is chosen by generalised cross-validation (GCV) over :data:`GCV_ALPHAS`, relative to each
+kernel's scale, for the observed fit and every draw alike.
 """
 
 from __future__ import annotations
@@ -194,3 +200,211 @@ def split_entities(n: int, heldout_fraction: float = 0.2, seed: int = 0) -> tupl
     perm = np.random.default_rng(derive_seed(seed, "probes.subject_split")).permutation(n)
     k = min(n - 1, max(1, int(round(heldout_fraction * n))))
     return np.sort(perm[k:]), np.sort(perm[:k])
+
+
+# ---- cross-validated kernel ridge, vectorised over null draws -----------------------------------------------
+#
+# The fit ``h_s ~ c + sum_r a_r(s) M_r`` is a ridge regression whose design enters only through the kernel
+# ``K[s, t] = sum_r <a_r(s), a_r(t)>`` (subjects x subjects), and whose targets enter only through their Gram
+# ``H H^T``. So every draw of a null (attributes shuffled across subjects, random attribute vectors) is a new
+# ``n x n`` kernel; per fold it is eigendecomposed once (the centred training block, m x m), and then the GCV
+# choice of alpha over a whole grid, the in-sample fit and the held-out residuals of any targets cost a few
+# small matrix products per draw. Nothing of size d_model or R * k is formed per draw.
+
+GCV_ALPHAS = np.logspace(-4, 4, 17)  # ridge strengths, relative to the mean eigenvalue of the centred training kernel
+
+
+def kfold(n: int, folds: int = 5, repeats: int = 1, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, test) index pairs of ``repeats`` seeded k-fold partitions of ``range(n)``; every subject is held
+    out once per repeat."""
+    if not 2 <= folds <= n:
+        raise ValueError(f"folds={folds}: need 2 <= folds <= {n} subjects")
+    out = []
+    for rep in range(repeats):
+        perm = np.random.default_rng(derive_seed(seed, "probes.superposition.kfold", rep)).permutation(n)
+        for te in np.array_split(perm, folds):
+            te = np.sort(te)
+            out.append((np.setdiff1d(np.arange(n), te), te))
+    return out
+
+
+def code_kernel(gram: np.ndarray, perms: np.ndarray) -> np.ndarray:
+    """``K[s, t] = sum_r gram[perms[r, s], perms[r, t]]``: the design's kernel from the Gram of the attribute codes.
+
+    ``gram`` (c, c) or one per draw (B, c, c); ``perms`` (R, n) or one per draw (B, R, n). Returns (n, n) or
+    (B, n, n)."""
+    g, p = np.asarray(gram, dtype=np.float64), np.asarray(perms, dtype=np.int64)
+    if g.ndim == 2 and p.ndim == 2:
+        return sum(g[np.ix_(p[r], p[r])] for r in range(p.shape[0]))
+    B = g.shape[0] if g.ndim == 3 else p.shape[0]
+    g = np.broadcast_to(g, (B,) + g.shape[-2:]) if g.ndim == 2 else g
+    p = np.broadcast_to(p, (B,) + p.shape[-2:]) if p.ndim == 2 else p
+    b = np.arange(B)[:, None, None]
+    return sum(g[b, p[:, r, :, None], p[:, r, None, :]] for r in range(p.shape[1]))
+
+
+def factor(X: np.ndarray) -> np.ndarray:
+    """(n, q) with ``F F^T = X X^T`` (q <= n): a thin stand-in for wide targets (every fit here depends on the
+    targets only through their Gram)."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.shape[-1] <= X.shape[-2]:
+        return X
+    u, s, _ = np.linalg.svd(X, full_matrices=False)
+    return u * s[..., None, :]
+
+
+def _eigh(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Batched symmetric eigendecomposition on one BLAS thread (threaded LAPACK is 4-50x slower on small stacks)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - sklearn depends on threadpoolctl
+        return np.linalg.eigh(a)
+    with threadpool_limits(limits=1):
+        return np.linalg.eigh(a)
+
+
+@dataclass
+class FoldKernels:
+    """The kernel side of one fold, for B kernels: ``Q`` (m, m') orthonormal basis of what the fixed regressors
+    (intercept, nuisance) leave of the training rows; ``Nt`` (t, m) their held-out prediction ``N_te N_tr^+``;
+    ``lam``/``U`` the eigenpairs of ``Q^T K_tr Q``; ``Pt`` (B, t, m') ``(K_te,tr - Nt K_tr) Q U``; ``scale`` (B,)
+    the mean eigenvalue (alphas are relative to it)."""
+
+    tr: np.ndarray
+    te: np.ndarray
+    Q: np.ndarray
+    Nt: np.ndarray
+    n_fixed: int
+    lam: np.ndarray
+    U: np.ndarray
+    Pt: np.ndarray
+    scale: np.ndarray
+
+    def select(self, idx) -> "FoldKernels":
+        """The same fold for a subset of the kernels."""
+        return FoldKernels(self.tr, self.te, self.Q, self.Nt, self.n_fixed, self.lam[idx], self.U[idx], self.Pt[idx],
+                           self.scale[idx])
+
+
+def fold_kernels(kernels: np.ndarray, tr, te, nuisance: np.ndarray | None = None) -> FoldKernels:
+    """Eigendecompose the training block of every kernel (B, n, n) for one fold. ``nuisance`` (n, c): regressors
+    fitted without penalty beside the intercept (None: the intercept alone)."""
+    K = np.asarray(kernels, dtype=np.float64)
+    K = K[None] if K.ndim == 2 else K
+    tr, te = np.asarray(tr), np.asarray(te)
+    m = len(tr)
+    N = np.ones((K.shape[1], 1)) if nuisance is None else np.column_stack([np.ones(K.shape[1]), nuisance])
+    u, s, _ = np.linalg.svd(N[tr], full_matrices=True)
+    rank = int((s > 1e-10 * s[0]).sum())
+    Q = u[:, rank:]
+    Nt = N[te] @ np.linalg.pinv(N[tr], rcond=1e-10)
+    Ktr = K[:, tr][:, :, tr]
+    Kq = Q.T @ Ktr @ Q
+    lam, U = _eigh((Kq + np.swapaxes(Kq, 1, 2)) / 2)
+    lam = np.maximum(lam, 0.0)
+    Pt = ((K[:, te][:, :, tr] - Nt @ Ktr) @ Q) @ U
+    scale = lam.mean(1)
+    scale = np.where(scale > 0, scale, 1.0)
+    return FoldKernels(tr, te, Q, Nt, rank, lam, U, Pt, scale)
+
+
+def fit_fold(fk: FoldKernels, F: np.ndarray, alphas: np.ndarray | None = None, predict: bool = False) -> dict:
+    """Ridge of targets ``F`` (n, p), or one per draw (B, n, p), on each of the fold's kernels; alpha by GCV over
+    ``alphas`` (relative to each kernel's mean eigenvalue; default :data:`GCV_ALPHAS`).
+
+    Returns per draw: ``res`` (B, t) held-out squared residual per test subject, ``sst`` (B|1, t) its squared
+    distance from the training mean, ``nuis`` (B|1, t) the residual of the fixed regressors alone, ``alpha_index``
+    / ``alpha`` (absolute) / ``r2_train`` (B,), and with ``predict`` the held-out predictions ``pred`` (B, t, p).
+    """
+    F = np.asarray(F, dtype=np.float64)
+    Ft, Fe = F[..., fk.tr, :], F[..., fk.te, :]
+    m = len(fk.tr)
+    A0 = np.swapaxes(fk.Q, 0, 1) @ Ft  # (B|1, m', p)
+    UA = np.swapaxes(fk.U, 1, 2) @ A0  # (B, m', p)
+    d = (UA ** 2).sum(-1)  # (B, m')
+    a = np.asarray(GCV_ALPHAS if alphas is None else alphas, dtype=np.float64)
+    s = fk.lam[:, None, :] / (fk.lam[:, None, :] + a[None, :, None] * fk.scale[:, None, None])  # (B, A, m')
+    rss = (((1 - s) ** 2) * d[:, None, :]).sum(-1)
+    df = fk.n_fixed + s.sum(-1)
+    gcv = np.where(df < m, rss / m / np.maximum(1 - df / m, 1e-12) ** 2, np.inf)
+    ia = np.argmin(gcv, axis=1)
+    B = len(ia)
+    alpha = a[ia] * fk.scale
+    Dst = 1.0 / (fk.lam + alpha[:, None])
+    Rn = Fe - fk.Nt @ Ft  # (B|1, t, p): the residual of the fixed regressors
+    r = Rn - (fk.Pt * Dst[:, None, :]) @ UA
+    mu = Ft.mean(-2, keepdims=True)
+    tss_tr = ((Ft - mu) ** 2).sum((-1, -2))
+    out = {"res": (r ** 2).sum(-1), "sst": np.atleast_2d(((Fe - mu) ** 2).sum(-1)),
+           "nuis": np.atleast_2d((Rn ** 2).sum(-1)), "alpha_index": ia,
+           "alpha": alpha, "r2_train": 1 - rss[np.arange(B), ia] / np.where(tss_tr > 0, tss_tr, np.nan)}
+    if predict:
+        out["pred"] = Fe - r
+    return out
+
+
+def cv_r2(kernels: np.ndarray, F: np.ndarray, folds, *, nuisance: np.ndarray | None = None,
+          alphas: np.ndarray | None = None) -> dict:
+    """Held-out R^2 of targets ``F`` (n, p) on each kernel (B, n, n), pooled over ``folds``: ``1 - sum res /
+    sum sst`` (sst around each fold's training mean). Returns ``r2`` (B,), per subject ``res`` (B, n) and
+    ``sst`` (n,) summed over repeats, ``alpha`` (B, folds) and ``r2_train`` (B, folds)."""
+    K = np.asarray(kernels, dtype=np.float64)
+    K = K[None] if K.ndim == 2 else K
+    n = K.shape[1]
+    res, sst = np.zeros((K.shape[0], n)), np.zeros(n)
+    alpha, r2_train = [], []
+    for tr, te in folds:
+        f = fit_fold(fold_kernels(K, tr, te, nuisance), F, alphas)
+        np.add.at(res, (slice(None), te), f["res"])
+        np.add.at(sst, te, f["sst"][0])
+        alpha.append(f["alpha"])
+        r2_train.append(f["r2_train"])
+    return {"r2": 1 - res.sum(1) / sst.sum(), "res": res, "sst": sst, "alpha": np.stack(alpha, 1),
+            "r2_train": np.stack(r2_train, 1)}
+
+
+def shuffled_perms(n: int, n_draws: int, seed: int = 0, tag: str = "probes.superposition.null") -> np.ndarray:
+    """(n_draws, n) seeded permutations of the subjects."""
+    rng = np.random.default_rng(derive_seed(seed, tag))
+    return np.argsort(rng.random((n_draws, n)), axis=1)
+
+
+def random_code_grams(n_codes: int, width: int, n_draws: int, scale: float, seed: int = 0,
+                      tag: str = "probes.superposition.random_features", chunk: int = 32) -> np.ndarray:
+    """(n_draws, n_codes, n_codes) Grams of random Gaussian code tables (entries N(0, scale^2), ``width`` wide)."""
+    rng = np.random.default_rng(derive_seed(seed, tag))
+    out = np.empty((n_draws, n_codes, n_codes))
+    for i in range(0, n_draws, chunk):
+        b = min(chunk, n_draws - i)
+        Vr = rng.standard_normal((b, n_codes, width)) * scale
+        out[i:i + b] = Vr @ np.swapaxes(Vr, 1, 2)
+    return out
+
+
+def superposition_null(embeddings, attributes, perms, *, folds: int = 5, repeats: int = 1, n_null: int = 200,
+                       null: str = "shuffled", seed: int = 0, alphas: np.ndarray | None = None) -> dict:
+    """Permutation test of the superposition fit: held-out R^2 (k-fold over subjects) against ``n_null`` draws.
+
+    ``null="shuffled"``: the subjects' attribute tuples reassigned to other subjects' states (one permutation of
+    the subjects per draw: all relations move together, so the design keeps its own correlations);
+    ``"random_features"``: every attribute code replaced by a random Gaussian vector of the same width and mean
+    square. Returns ``r2_heldout``, ``null`` (n_null,) and :func:`mechfact.stats.null_summary`'s fields.
+    """
+    from ..stats import null_summary
+
+    X, V, P = _np(embeddings), _np(attributes), _np(perms).astype(np.int64)
+    n = X.shape[0]
+    G = V @ V.T
+    K0 = code_kernel(G, P)
+    if null == "shuffled":
+        pi = shuffled_perms(n, n_null, seed)
+        Kn = K0[pi[:, :, None], pi[:, None, :]]
+    elif null == "random_features":
+        Gr = random_code_grams(V.shape[0], V.shape[1], n_null, float(np.sqrt((V ** 2).mean())), seed)
+        Kn = code_kernel(Gr, P)
+    else:
+        raise ValueError(f"null {null!r}: allowed values are shuffled, random_features")
+    out = cv_r2(np.concatenate([K0[None], Kn]), factor(X - X.mean(0)), kfold(n, folds, repeats, seed),
+                alphas=alphas)
+    obs, draws = float(out["r2"][0]), out["r2"][1:]
+    return {"r2_heldout": obs, "null": draws, **null_summary(obs, draws)}
