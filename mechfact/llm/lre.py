@@ -19,17 +19,13 @@ Two protocols (``LreConfig.protocol``):
   whole relation, known = one prompt's greedy first token equals the object's,
   one train/test split, beta fixed, the projection edit.
 
-Jacobians are computed exactly and batched: the prompt prefix before the
-subject's last token runs once and its key/value cache is reused; the
-remaining few tokens run as ``d_model`` copies (split into chunks), one output
-coordinate per copy, so one backward pass gives a block of rows of ``J``. The
-copies share layers ``0..l`` (batch 1; expanded at the hook) and the forward
-stops right after the last block (no unembedding).
+Jacobians are exact (:func:`mechfact.llm.jacobian.jacobian`: forward mode, every input direction at once,
+with the batched-copies autograd method for blocks it does not reproduce). Edited runs
+(:func:`edited_logits`) run the prompt prefix once and the suffix as one copy per edited state.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -47,6 +43,7 @@ from ..seeding import derive_seed
 from .loading import LanguageModel, check_remote, load_model, worker_model
 from .probe import ProbeConfig, check_prompt_options, map_relations, relation_states
 from . import lre_authors
+from .jacobian import _copies, _prefix_cache, _putter, jacobian  # noqa: F401 (jacobian: public here too)
 from .lre_authors import AUTHORS_BETAS, DEFAULT_TRIALS, FIXED_BETA
 from .relations import Relation, as_relations
 
@@ -55,10 +52,6 @@ logger = logging.getLogger(__name__)
 
 BETA_SWEEP = (0.5, 1.0, 2.0, 3.0, 5.0)  # the mechfact protocol's faithfulness_by_beta
 PROTOCOLS = ("authors", "mechfact")
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass early (the output was captured)."""
 
 
 @dataclass
@@ -76,7 +69,7 @@ class LreConfig(DictConfig):
     template: int = 0
     max_samples: int | None = None  # cap per relation file (authors: taken round-robin over objects); None: all
     max_test: int | None = None  # cap on test facts per relation (None = all known facts left)
-    chunk: int = 96  # Jacobian rows per backward pass (memory vs speed)
+    chunk: int | None = None  # Jacobian input directions per tangent product (None: all at once; lower: less memory)
     protocol: str = "authors"  # authors: Hernandez et al.'s code (module docstring) | mechfact: the first protocol
     n_trials: int = DEFAULT_TRIALS  # authors: trials (split, prompt, filter, operator) averaged; 24 as the paper
     ranks: list[int] | None = None  # authors: edit ranks swept (None: 16, 32, 64, 128, 256 and full, up to d_model)
@@ -99,7 +92,8 @@ class LreConfig(DictConfig):
         check_choice("facts", self.facts, ("known", "all"))
         if self.max_test is not None:
             check_int("max_test", self.max_test, 1)
-        check_int("chunk", self.chunk, 1)
+        if self.chunk is not None:
+            check_int("chunk", self.chunk, 1)
         check_int("batch_size", self.batch_size, 1)
         check_choice("protocol", self.protocol, PROTOCOLS)
         check_int("n_trials", self.n_trials, 1)
@@ -110,97 +104,6 @@ class LreConfig(DictConfig):
 
 def default_layer(n_layers: int) -> int:
     return n_layers // 2
-
-
-def jacobian(lm: LanguageModel, tokens: list[int], pos: int, layer: int, chunk: int = 96
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(J, s, o): J = d o / d s (d_model, d_model), s = resid_post[layer] at ``pos``, o = last resid_post at the end.
-
-    Gradients flow to ``s`` only: the model's parameters are switched off for the computation and their
-    ``requires_grad`` flags restored afterwards.
-    """
-    grad_on = [p for p in lm.bridge.parameters() if p.requires_grad]
-    for p in grad_on:
-        p.requires_grad_(False)
-    try:
-        return _jacobian(lm, tokens, pos, layer, chunk)
-    finally:
-        for p in grad_on:
-            p.requires_grad_(True)
-
-
-def _prefix_cache(lm: LanguageModel, toks: torch.Tensor, pos: int):
-    """Key/value cache of the prompt before position ``pos`` (batch 1), or None when ``pos`` is 0."""
-    if pos == 0:
-        return None
-    with torch.no_grad():
-        _, pkv = lm.bridge(toks[:, :pos], return_type="logits_and_cache")
-    return pkv
-
-
-def _copies(pkv, layer: int, B: int):
-    """A fresh copy of the prefix cache for a suffix run with ``B`` copies from the block after ``layer`` on.
-
-    Blocks up to ``layer`` run the suffix once (batch 1) and keep the batch-1 cache; the hook at ``layer``
-    expands the batch to ``B``.
-    """
-    kv = copy.deepcopy(pkv)
-    if kv is not None:
-        for li in range(layer + 1, len(kv.layers)):
-            kv.layers[li].keys = kv.layers[li].keys.expand(B, -1, -1, -1).contiguous()
-            kv.layers[li].values = kv.layers[li].values.expand(B, -1, -1, -1).contiguous()
-    return kv
-
-
-def _putter(states: torch.Tensor):
-    """Hook: the subject position (the suffix's first) takes ``states`` (B, d); the rest is the one run's."""
-    B = states.shape[0]
-
-    def put(act, hook):
-        return torch.cat([states[:, None].to(act.dtype), act[:, 1:].expand(B, -1, -1)], 1)
-    return put
-
-
-def _jacobian(lm: LanguageModel, tokens: list[int], pos: int, layer: int, chunk: int):
-    b = lm.bridge
-    name_s, name_o = hooks.resid(layer, "post"), hooks.resid(lm.n_layers - 1, "post")
-    d = lm.d_model
-    toks = torch.tensor([tokens], device=lm.device)
-    pkv = _prefix_cache(lm, toks, pos)
-    suffix = toks[:, pos:]
-    got: dict[str, torch.Tensor] = {}
-
-    def take_s(act, hook):
-        got["s"] = act[0, 0].detach().clone()
-        raise _Stop
-
-    def take_o(act, hook):
-        got["o"] = act[:, -1]
-        raise _Stop
-
-    try:  # s at the unedited point (o comes with the first chunk, whose copies all hold s)
-        with torch.no_grad():
-            b.run_with_hooks(suffix, past_key_values=copy.deepcopy(pkv), fwd_hooks=[(name_s, take_s)])
-    except _Stop:
-        pass
-    s0 = got["s"]
-    J = torch.empty((d, d), dtype=torch.float32)
-    o0 = None
-    for c0 in range(0, d, chunk):
-        B = min(chunk, d - c0)
-        kv = _copies(pkv, layer, B)
-        s = s0.to(lm.dtype).expand(B, d).clone().requires_grad_(True)
-        with torch.enable_grad():
-            try:
-                b.run_with_hooks(suffix, past_key_values=kv, fwd_hooks=[(name_s, _putter(s)), (name_o, take_o)])
-            except _Stop:
-                pass
-            o = got.pop("o")
-            if o0 is None:
-                o0 = o[0].detach().float().cpu()
-            o[torch.arange(B), torch.arange(c0, c0 + B)].sum().backward()
-        J[c0:c0 + B] = s.grad.float().cpu()
-    return J, s0.float().cpu(), o0
 
 
 def edited_logits(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
@@ -250,7 +153,7 @@ class LRE:
                 for rank in ranks for r in [min(rank, n)]}
 
 
-def estimate_lre(lm: LanguageModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int = 96,
+def estimate_lre(lm: LanguageModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int | None = None,
                  progress: bool = False) -> LRE:
     Js, bs = [], []
     for i in tqdm(idx, desc="jacobians", leave=False, **({} if progress else {"disable": True})):
@@ -347,7 +250,7 @@ def _states_at(lm: LanguageModel, prompts: list, layers: list[int], cfg
     return {l: acts[st] for l, st in s_sites.items()}, acts[z_site], acts.next_token
 
 
-def _jacobians(lm: LanguageModel, prompts: list, layer: int, chunk: int, progress: bool = False
+def _jacobians(lm: LanguageModel, prompts: list, layer: int, chunk: int | None, progress: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(Js (n, d, d), bs (n, d)): each prompt's Jacobian ``dz/ds`` and ``z - J s`` at its subject's last token."""
     Js, bs = [], []
