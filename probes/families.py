@@ -292,12 +292,18 @@ def superposition_table(out: Path, name: str = "superposition") -> str:
 
 
 def _part_status(out: Path, m: str, name: str) -> str:
-    folder = out / m / name
-    if (folder / "meta.json").is_file():
-        return "finished"
-    if (folder / "result.json").is_file():
-        return "partial (stopped; rerun --run to resume)"
-    return "not run"
+    """finished / partial / not run, over the folder and its ``<name>_*`` siblings (a part split over several
+    processes); LRE parts say how many relations their folders hold."""
+    siblings = sorted((out / m).glob(f"{name}_*")) if name.startswith("lre_") else []
+    folders = [f for f in [out / m / name, *siblings] if (f / "result.json").is_file()]
+    if not folders:
+        return "not run"
+    done = all((f / "meta.json").is_file() for f in folders)
+    state = "finished" if done else "partial (stopped or running; rerun --run to resume)"
+    if name.startswith("lre_"):
+        n = sum(len((_read(f / "result.json") or {}).get("per_relation", [])) for f in folders)
+        state += f", {n} relations"
+    return state + (f", {len(folders)} folders" if len(folders) > 1 else "")
 
 
 def runs_status(out: Path) -> str:

