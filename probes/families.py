@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")
-PARTS = ("factual", "linguistic")  # folders of ../shared/data/lre
+PARTS = ("factual", "linguistic")  # folders of the LRE authors' data/ (github evandez/relations)
 SWEEP = {"factual": ("country capital city", "person native language", "landmark on continent"),
          "linguistic": ("adjective comparative", "word first letter")}
 SWEEP_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")  # Qwen's: ~20 min a relation on one CPU core
@@ -239,6 +239,9 @@ def lre_figure(out: Path, path: Path) -> None:
     for ax, key, title in ((axes[0], "faithfulness", "LRE faithfulness (fixed beta)"),
                            (axes[1], "causality", "LRE causality (rank chosen on training facts)")):
         for k, m in enumerate(MODELS):
+            if not res[m]:  # this model's LRE has not been run: no bars, no "not scored" labels
+                ax.barh([], [], color=COLORS[m], label=f"{m} (not run)")
+                continue
             xs = [res[m].get(n) or {} for n in names]
             v = [x.get(key) for x in xs]
             err = np.zeros((2, len(v)))
@@ -353,8 +356,9 @@ def write_doc(out: Path, path: Path) -> None:
 def figure(out: Path, path: Path) -> None:
     from mechfact.llm.plots import plot_families
 
-    runs = {m: {"probe": _read(out / m / "probe" / "result.json"),
-                "superposition": _read(out / m / "superposition" / "result.json")} for m in MODELS}
+    runs = {m: {"probe": _read(out / m / "probe" / "result.json"),  # words before the subject where run
+                "superposition": _read(out / m / "superposition_words" / "result.json")
+                or _read(out / m / "superposition" / "result.json")} for m in MODELS}
     runs = {m: r for m, r in runs.items() if r["probe"] or r["superposition"]}
     if not runs:  # nothing in --out: keep the figure that is there
         print(f"no probe or superposition runs in {out}: {path} left as it is", file=sys.stderr)

@@ -242,6 +242,7 @@ def plot_families(runs: dict, path) -> None:
     a.legend(fontsize=8)
     b.axhline(0, color="k", lw=0.5)
     b.set_xlabel("relative depth")
-    b.set_title("countries from the bare subject", fontsize=10)
+    prompts = {(r.get("superposition") or {}).get("prompt") for r in runs.values()} - {None}
+    b.set_title("countries, prompt " + (repr(prompts.pop()) if len(prompts) == 1 else "per model"), fontsize=10)
     b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save(fig, path)
