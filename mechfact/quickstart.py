@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from . import stats
 from .executor import LocalExecutor
 from .memory import experiments as ex
 from .memory import theory
@@ -713,17 +714,6 @@ def probe_part(out: Path, *, device: torch.device, seed: int = 0, fast: bool = F
 # part C: pretrained models
 # =============================================================================================================
 
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a proportion k / n (k may be a mean over trials times n)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
-
-
 def claim_lre(lre: dict, model: str, section: str | None = None) -> Claim:
     """Faithfulness at the fixed beta, with the interval the run reports (bootstrap over subjects; Wilson on the
     test facts when a row has none), against the paper's range; the baselines in the measured text."""
@@ -735,7 +725,11 @@ def claim_lre(lre: dict, model: str, section: str | None = None) -> Claim:
     n = sum(r["n_test"] for r in rows)
     f = sum(r["faithfulness"] * r["n_test"] for r in rows) / n
     ci = rows[0].get("faithfulness_ci") if len(rows) == 1 else None
-    lo, hi = (ci[0], ci[1]) if ci and ci[0] is not None else wilson(f * n, n)
+    if ci and ci[0] is not None:
+        lo, hi = ci
+    else:  # several relations: Wilson on the pooled test facts (k may be a mean over trials times n)
+        w = stats.wilson(f * n, n)
+        lo, hi = w.low, w.high
 
     def one(r: dict) -> str:
         base = (f", beta 0 {fmt(r['faithfulness_bias_only'])}, majority object {fmt(r['majority_baseline'])}"

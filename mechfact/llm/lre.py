@@ -155,12 +155,8 @@ class LRE:
 
 def estimate_lre(lm: LanguageModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int | None = None,
                  progress: bool = False) -> LRE:
-    Js, bs = [], []
-    for i in tqdm(idx, desc="jacobians", leave=False, **({} if progress else {"disable": True})):
-        J, s, o = jacobian(lm, prompts[i].tokens, prompts[i].subject_last, layer, chunk)
-        Js.append(J)
-        bs.append(o - J @ s)
-    return LRE(J=torch.stack(Js).mean(0), b=torch.stack(bs).mean(0), beta=beta)
+    Js, bs = _jacobians(lm, [prompts[i] for i in idx], layer, chunk, progress)
+    return LRE(J=Js.mean(0), b=bs.mean(0), beta=beta)
 
 
 def decode_top(lm: LanguageModel, o: torch.Tensor) -> torch.Tensor:

@@ -108,12 +108,6 @@ def select_rank(hits: np.ndarray, n: int, ranks: list[int]) -> int | None:
     return ranks[_pick(np.asarray(hits, float), ranks, lambda r: r)]
 
 
-def _pinvs(J: torch.Tensor, ranks: list[int]) -> dict[int, torch.Tensor]:
-    U, S, Vh = torch.linalg.svd(J.double())
-    n = int((S > S[0] * 1e-10).sum())
-    return {rank: (Vh[:r].T @ torch.diag(1 / S[:r]) @ U[:, :r].T).float() for rank in ranks for r in [min(rank, n)]}
-
-
 class _Outcomes:
     """Per (setting, trial, subject) counts of right answers, and per (trial, subject) counts of outcomes."""
 
@@ -226,7 +220,7 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool, *, stat
             acc["train_f_n"] += m
             for i, j in train_pairs:
                 k = train.index(i)
-                P = _pinvs(loo[k][0], ranks)
+                P = LRE(*loo[k], 1.0).pinvs(ranks)
                 dz = Z[pos[j]] - Z[pos[i]]
                 new = torch.stack([S[pos[i]] + dz @ P[r].T for r in ranks])
                 pred = edited_predictions(lm, prompts[pos[i]].tokens, prompts[pos[i]].subject_last, layer, new)
@@ -234,9 +228,8 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool, *, stat
                 acc["train_c_n"] += 1
             # causality of the test facts at every rank, and the first protocol's projection edit beside it
             if pairs:
-                P = _pinvs(J, ranks)
                 proj = LRE(J, b, fixed)
-                Pb = _pinvs(fixed * J, ranks)
+                P, Pb = LRE(J, b, 1.0).pinvs(ranks), proj.pinvs(ranks)  # rank-r pseudo-inverses of J, beta J
                 for i, j in pairs:
                     dz = Z[pos[j]] - Z[pos[i]]
                     dp = (proj(S[pos[j]:pos[j] + 1]) - proj(S[pos[i]:pos[i] + 1]))[0]
