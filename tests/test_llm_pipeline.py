@@ -426,6 +426,24 @@ def test_lre_layer_sweep_equals_single_layer_runs(tiny, tmp_path, one_thread):
     assert best["layer"] == max(sorted(rate), key=lambda l: rate[l]) and best["layer_selected_on"] == "train"
     assert best["edit_layer"] in (0, 1) and [b["layer"] for b in best["by_layer"]] == [0, 1]
     assert (tmp_path / "sweep" / "fig_lre.png").exists()
+    # the in-memory sweep: one result per layer, the run's layer rows number for number
+    import mechfact
+    from mechfact.llm.lre import lre, lre_sweep
+    from mechfact.llm.relations import load_relations
+
+    rel = load_relations(tiny["relations"], ["tiny_colour"])[0]
+    api = {k: v for k, v in opts.items() if k not in ("relations", "relation_names")}
+    res = lre_sweep(lm, rel, [1, 0], **api)
+    assert [r.layer for r in res] == [0, 1] and res[-1].operator is not None
+    for r in res:
+        want = {k: v for k, v in rows[r.layer].items() if not k.startswith(added)}
+        assert {k: v for k, v in r.records[0].items() if not k.startswith(added)} == want
+        assert r["faithfulness"] == r.faithfulness == rows[r.layer]["faithfulness"]
+    with pytest.raises(TypeError, match="lre_sweep"):
+        lre(lm, rel, [0, 1], **api)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        res[0].nonsense
+    assert mechfact.lre is lre
     with pytest.raises(ValueError, match="--layer 1 and --layers"):
         LreConfig(layer=1, layers=[0, 1])
     with pytest.raises(ValueError, match="--layers 5: out of range"):

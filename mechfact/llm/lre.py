@@ -31,26 +31,24 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .. import hooks
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
-from ..probes.queries import ProbeSet
 from ..runs import RunDir
-from ..seeding import derive_seed
+from . import lre_authors, lre_mechfact
+from .jacobian import jacobian  # noqa: F401 (public here too)
 from .loading import LanguageModel, check_remote, load_model, worker_model
-from .probe import ProbeConfig, check_prompt_options, map_relations, relation_states
-from . import lre_authors
-from .jacobian import _copies, _prefix_cache, _putter, jacobian  # noqa: F401 (jacobian: public here too)
-from .lre_authors import AUTHORS_BETAS, DEFAULT_TRIALS, FIXED_BETA
+from .lre_authors import AUTHORS_BETAS, DEFAULT_TRIALS, FIXED_BETA  # noqa: F401
+from .lre_mechfact import BETA_SWEEP  # noqa: F401
+from .lre_operator import (LRE, decode_top, edited_logits, edited_predictions, estimate_lre,  # noqa: F401
+                           patched_predictions)
+from .probe import check_prompt_options, map_relations
 from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
 
 
-BETA_SWEEP = (0.5, 1.0, 2.0, 3.0, 5.0)  # the mechfact protocol's faithfulness_by_beta
 PROTOCOLS = ("authors", "mechfact")
 
 
@@ -106,176 +104,19 @@ def default_layer(n_layers: int) -> int:
     return n_layers // 2
 
 
-def edited_logits(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
-                  chunk: int = 64) -> torch.Tensor:
-    """Next-token logits (m, vocab) of one prompt with its state at (``layer``, ``pos``) set to each row of
-    ``states`` (m, d).
-
-    The prefix before ``pos`` runs once; the suffix runs as ``m`` copies (in chunks) from the block after
-    ``layer`` on -- the same numbers as patching the full prompt ``m`` times (tested), a fraction of the work.
-    """
-    toks = torch.tensor([tokens], device=lm.device)
-    pkv = _prefix_cache(lm, toks, pos)
-    out = []
-    with torch.no_grad():
-        for c0 in range(0, len(states), chunk):
-            st = states[c0:c0 + chunk].to(lm.device, lm.dtype)
-            logits = lm.bridge.run_with_hooks(toks[:, pos:], past_key_values=_copies(pkv, layer, len(st)),
-                                              fwd_hooks=[(hooks.resid(layer, "post"), _putter(st))])
-            out.append(logits[:, -1].float().cpu())
-    return torch.cat(out)
-
-
-def edited_predictions(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
-                       chunk: int = 64) -> torch.Tensor:
-    """Greedy next token (m,) of :func:`edited_logits`."""
-    return edited_logits(lm, tokens, pos, layer, states, chunk).argmax(-1)
-
-
-@dataclass
-class LRE:
-    J: torch.Tensor  # (d, d) mean Jacobian
-    b: torch.Tensor  # (d,)
-    beta: float
-
-    def __call__(self, s: torch.Tensor) -> torch.Tensor:  # (n, d) -> (n, d)
-        return self.beta * s @ self.J.T + self.b
-
-    def pinv(self, rank: int) -> torch.Tensor:
-        """Rank-``rank`` pseudo-inverse of ``beta J``."""
-        return self.pinvs([rank])[rank]
-
-    def pinvs(self, ranks: list[int]) -> dict[int, torch.Tensor]:
-        """Rank-r pseudo-inverses of ``beta J`` for every r of ``ranks``, from one SVD."""
-        U, S, Vh = torch.linalg.svd(self.beta * self.J.double())
-        n = int((S > S[0] * 1e-10).sum())
-        return {rank: (Vh[:r].T @ torch.diag(1 / S[:r]) @ U[:, :r].T).float()
-                for rank in ranks for r in [min(rank, n)]}
-
-
-def estimate_lre(lm: LanguageModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int | None = None,
-                 progress: bool = False) -> LRE:
-    Js, bs = _jacobians(lm, [prompts[i] for i in idx], layer, chunk, progress)
-    return LRE(J=Js.mean(0), b=bs.mean(0), beta=beta)
-
-
-def decode_top(lm: LanguageModel, o: torch.Tensor) -> torch.Tensor:
-    """Top token of final-layer states o (n, d) through the final norm and the unembedding."""
-    with torch.no_grad():
-        x = o.to(lm.device, lm.dtype)[:, None]
-        return lm.bridge.unembed(lm.bridge.ln_final(x))[:, 0].argmax(-1).cpu()
-
-
-def patched_predictions(lm: LanguageModel, prompts: list, idx: list[int], layer: int, new_states: torch.Tensor
-                        ) -> torch.Tensor:
-    """Greedy next token of prompts ``idx`` with the subject state at ``layer`` set to ``new_states[k]``.
-
-    Uses the shared patching engine (:func:`mechfact.probes.patching.run_with_interventions`, kind ``set``
-    at the subject position), one prompt at a time since each gets its own vector.
-    """
-    from ..probes.patching import Intervention, run_with_interventions
-
-    ps = ProbeSet.from_prompts([prompts[i] for i in idx], pad_id=lm.pad_id, objects=idx, subjects=idx)
-    out = torch.empty(len(idx), dtype=torch.long)
-    for k in range(len(idx)):
-        iv = Intervention(site=hooks.resid(layer, "post"), kind="set", position="subject",
-                          values=new_states[k].tolist())
-        out[k] = run_with_interventions(lm, ps.subset([k]), [iv]).argmax(-1)[0]
-    return out
-
-
-def evaluate_relation(lm: LanguageModel, rel, cfg: LreConfig, layer: int, seed: int, progress: bool = False
-                      ) -> tuple[dict, "LRE | None"]:
-    """(row, LRE operator or None when the relation has too few usable facts)."""
-    states_cfg = ProbeConfig(site="resid_post", position="subject_last", k_shot=cfg.k_shot, template=cfg.template,
-                             batch_size=cfg.batch_size, cache_states=cfg.cache_states)
-    rs = relation_states(lm, rel, states_cfg, layers=[layer], seed=seed, progress=progress)
-    n_known = int(rs.known.sum())
-    known = np.flatnonzero(rs.known) if cfg.facts == "known" else np.arange(len(rel))
-    row = {"relation": rel.name, "kind": rel.kind, "n_samples": len(rel), "n_known": n_known,
-           "n_train": 0, "n_test": 0, "faithfulness": None, "causality": None}
-    if len(known) < cfg.n_train + 1:
-        logger.warning("%s: %d usable facts, need %d; skipped", rel.name, len(known), cfg.n_train + 1)
-        return row, None
-    rng = np.random.default_rng(derive_seed(seed, f"llm.lre.{rel.name}"))
-    perm = rng.permutation(known)
-    train, test = sorted(perm[:cfg.n_train].tolist()), sorted(perm[cfg.n_train:].tolist())
-    if cfg.max_test is not None:
-        test = test[:cfg.max_test]
-    lre = estimate_lre(lm, rs.prompts, train, layer, 1.0 if cfg.beta is None else cfg.beta, cfg.chunk, progress)
-    S = rs.states[0]  # (n, d) subject states at `layer`
-    # the model's own prediction; on known facts it is the object's first token
-    target = rs.next_token.clone()
-    top = decode_top(lm, lre(S[test]))
-    faith = float((top == target[test]).float().mean())
-    # baseline: the bias alone (one constant prediction for every subject)
-    bias_only = float((decode_top(lm, lre.b[None]).expand(len(test)) == target[test]).float().mean())
-    by_beta = {}  # faithfulness is cheap to rescore at other beta (J and b do not depend on it)
-    for bt in BETA_SWEEP:
-        lb = LRE(J=lre.J, b=lre.b, beta=bt)
-        by_beta[str(bt)] = float((decode_top(lm, lb(S[test])) == target[test]).float().mean())
-    # causality: move fact i towards the object of another known fact j with a different first token
-    W_pinv = lre.pinv(cfg.rank)
-    pool = known.tolist()
-    tgt = []
-    for i in test:
-        others = [j for j in pool if int(target[j]) != int(target[i])]
-        tgt.append(int(rng.choice(others)) if others else -1)
-    ok = [k for k, j in enumerate(tgt) if j >= 0]
-    caus = None
-    if ok:
-        ti = [test[k] for k in ok]
-        tj = [tgt[k] for k in ok]
-        delta = (lre(S[tj]) - lre(S[ti])) @ W_pinv.T
-        pred = patched_predictions(lm, rs.prompts, ti, layer, S[ti] + delta)
-        caus = float((pred == target[tj]).float().mean())
-    row.update(n_train=len(train), n_test=len(test), n_causality=len(ok), faithfulness=faith, causality=caus,
-               faithfulness_bias_only=bias_only, faithfulness_by_beta=by_beta, train_subjects=[rel.subjects[i] for i in train])
-    return row, lre
-
-
-def _states_at(lm: LanguageModel, prompts: list, layers: list[int], cfg
-               ) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """({layer: subject states}, last-layer states at the last token, greedy next tokens) of ``prompts``."""
-    from ..probes.queries import Site, collect
-
-    ps = ProbeSet.from_prompts(prompts, pad_id=lm.pad_id)
-    s_sites = {l: Site(hooks.resid(l, "post"), "subject") for l in layers}
-    z_site = Site(hooks.resid(lm.n_layers - 1, "post"), "last")
-    acts = collect(lm, ps, [*s_sites.values(), z_site], batch_size=cfg.batch_size, cache=cfg.cache_states)
-    return {l: acts[st] for l, st in s_sites.items()}, acts[z_site], acts.next_token
-
-
-def _jacobians(lm: LanguageModel, prompts: list, layer: int, chunk: int | None, progress: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Js (n, d, d), bs (n, d)): each prompt's Jacobian ``dz/ds`` and ``z - J s`` at its subject's last token."""
-    Js, bs = [], []
-    for p in tqdm(prompts, desc="jacobians", leave=False, **({} if progress else {"disable": True})):
-        J, s, o = jacobian(lm, p.tokens, p.subject_last, layer, chunk)
-        Js.append(J)
-        bs.append(o - J @ s)
-    return torch.stack(Js), torch.stack(bs)
-
-
-def evaluate_relation_authors(lm: LanguageModel, rel, cfg: LreConfig, layers: list[int], seed: int,
-                              progress: bool = False) -> tuple[list[dict], "LRE | None"]:
-    """The LRE authors' protocol (:mod:`mechfact.llm.lre_authors`) at each of ``layers``: one row per layer (the
-    trials' splits, known facts and edit targets are the same at every layer), and the last operator."""
-    return lre_authors.evaluate(lm, rel, cfg, layers, seed, progress, states_at=_states_at, jacobians=_jacobians,
-                                decode_top=decode_top, edited_predictions=edited_predictions)
-
-
 _COMMON = ("relation", "kind", "n_samples", "n_known", "n_train", "n_test", "faithfulness", "causality")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LreResult:
-    """What :func:`lre` returns: one relation's LRE at one layer (``operator``: the fitted ``J s + b``).
+    """What :func:`lre` returns (and :func:`lre_sweep`, one per layer): one relation's LRE at one layer.
 
-    ``details`` holds the protocol's other numbers (authors: ``train_beta``, ``faithfulness_train_beta``,
-    ``faithfulness_bias_only``, ``majority_baseline``, ``rank``, each number's ``_ci`` and ``_n``,
-    ``faithfulness_by_beta``, ``causality_by_rank``, ``causality_projection_baseline``, ...), also readable as
-    attributes.
+    The fields every protocol fills are attributes; ``details`` holds the protocol's other numbers (authors:
+    ``train_beta``, ``faithfulness_train_beta``, ``faithfulness_bias_only``, ``majority_baseline``, ``rank``,
+    each number's ``_ci`` and ``_n``, ``faithfulness_by_beta``, ``causality_by_rank``, ...), readable as
+    attributes too (``res.train_beta``) or by key (``res["train_beta"]``). ``records``: the one flat row (with
+    ``layer``), the shape every probe result has; ``to_dict()``: the row of ``result.json["per_relation"]``.
+    ``operator``: the fitted ``beta J s + b`` (the last trial's, in the authors' protocol).
     """
 
     relation: str
@@ -288,22 +129,30 @@ class LreResult:
     faithfulness: float | None  # None: too few usable facts
     causality: float | None
     details: dict = field(default_factory=dict)
-    operator: LRE | None = field(default=None, repr=False)
+    operator: LRE | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_row(cls, row: dict, layer: int, operator=None) -> "LreResult":
-        return cls(layer=layer, operator=operator, details={k: v for k, v in row.items() if k not in _COMMON},
+        return cls(layer=layer, operator=operator,
+                   details={k: v for k, v in row.items() if k not in _COMMON},
                    **{k: row[k] for k in _COMMON})
 
     def __getattr__(self, name: str):
         details = self.__dict__.get("details", {})
         if name in details:
             return details[name]
-        raise AttributeError(f"LreResult has no attribute {name!r}")
+        raise AttributeError(f"LreResult has no attribute {name!r} (its numbers: {sorted(details)})")
+
+    def __getitem__(self, key: str):
+        return self.records[0][key]
 
     def to_dict(self) -> dict:
-        """The row of ``result.json["per_relation"]`` (without the layer and the operator)."""
+        """The row of ``result.json["per_relation"]`` (without the operator)."""
         return {**{k: getattr(self, k) for k in _COMMON}, **self.details}
+
+    @property
+    def records(self) -> list[dict]:
+        return [{**self.to_dict(), "layer": self.layer}]
 
 
 def _layer(lm: LanguageModel, layer: int | None, flag: str = "--layer") -> int:
@@ -320,18 +169,7 @@ def _layers_of(lm: LanguageModel, cfg: LreConfig) -> list[int]:
     return sorted({_layer(lm, l, "--layers") for l in cfg.layers})
 
 
-def lre(lm: LanguageModel, relation, layer: int | list[int] | None = None, *, seed: int = 0, progress: bool = False,
-        **options) -> "LreResult | list[LreResult]":
-    """The linear relational embedding of one relation from subject layer ``layer`` (default ``n_layers // 2``).
-
-    ``relation``: a :class:`~mechfact.llm.relations.Relation` (or a one-relation file). ``layer``: one layer, or
-    a list of layers (a sweep: one result per layer, with the same known facts, training facts and edit targets
-    at every layer). ``options``: any :class:`LreConfig` field (``beta``, ``rank``, ``ranks``, ``n_train``,
-    ``n_trials``, ``facts``, ``protocol``, ``k_shot``, ``template``, ``max_samples``, ``max_test``, ``chunk``,
-    ``batch_size``, ``cache_states``), defaults as ``mechfact llm lre``.
-    """
-    sweep = isinstance(layer, (list, tuple))
-    cfg = LreConfig(**({"layers": list(layer)} if sweep else {"layer": layer}), **options)
+def _results(lm: LanguageModel, relation, cfg: LreConfig, seed: int, progress: bool) -> list[LreResult]:
     rels = as_relations(relation)
     if len(rels) != 1:
         raise ValueError(f"lre takes one relation; got {len(rels)} (call it once per relation)")
@@ -340,23 +178,44 @@ def lre(lm: LanguageModel, relation, layer: int | list[int] | None = None, *, se
     rows, op = _evaluate(lm, rel, cfg, _layers_of(lm, cfg), seed, progress)
     if cfg.protocol == "authors":
         lre_authors.add_model_beta(rows, rows[0].get("beta", FIXED_BETA))
-    out = [LreResult.from_row(r, r["layer"], op if k == len(rows) - 1 else None) for k, r in enumerate(rows)]
-    return out if sweep else out[0]
+    return [LreResult.from_row(r, r["layer"], op if k == len(rows) - 1 else None) for k, r in enumerate(rows)]
+
+
+def lre(lm: LanguageModel, relation, layer: int | None = None, *, seed: int = 0, progress: bool = False,
+        **options) -> LreResult:
+    """The linear relational embedding of one relation from subject layer ``layer`` (default ``n_layers // 2``).
+
+    ``relation``: a :class:`~mechfact.llm.relations.Relation` (or a one-relation file). ``options``: any
+    :class:`LreConfig` field (``beta``, ``rank``, ``ranks``, ``n_train``, ``n_trials``, ``facts``, ``protocol``,
+    ``k_shot``, ``template``, ``max_samples``, ``max_test``, ``chunk``, ``batch_size``, ``cache_states``),
+    defaults as ``mechfact llm lre``. Several layers: :func:`lre_sweep`.
+    """
+    if isinstance(layer, (list, tuple)):
+        raise TypeError(f"lre: layer={list(layer)!r} is a list; lre takes one layer (an int or None), "
+                        "mechfact.lre_sweep(lm, relation, layers) takes several")
+    return _results(lm, relation, LreConfig(layer=layer, **options), seed, progress)[0]
+
+
+def lre_sweep(lm: LanguageModel, relation, layers: list[int], *, seed: int = 0, progress: bool = False,
+              **options) -> list[LreResult]:
+    """:func:`lre` at each of ``layers`` (one result per layer, in layer order), with the same trials, known
+    facts, training facts and edit targets at every layer; ``options`` as :func:`lre`.
+    :func:`best_layer_row` of their ``to_dict()`` rows picks a layer the way ``mechfact llm lre --layers``
+    does (the authors' protocol: on training facts)."""
+    if isinstance(layers, int) or not layers:
+        raise TypeError(f"lre_sweep: layers={layers!r}; give a non-empty list of layers (one layer: mechfact.lre)")
+    return _results(lm, relation, LreConfig(layers=list(layers), **options), seed, progress)
 
 
 def _evaluate(lm, rel, cfg: LreConfig, layers: list[int], seed: int, progress: bool) -> tuple[list[dict], "LRE | None"]:
     """One row per layer (each with its ``layer``) and the last fitted operator."""
     if cfg.protocol == "authors":
-        return evaluate_relation_authors(lm, rel, cfg, layers, seed, progress)
+        return lre_authors.evaluate(lm, rel, cfg, layers, seed, progress)
     rows, op = [], None
     for layer in layers:
-        row, op = evaluate_relation(lm, rel, cfg, layer, seed, progress)
+        row, op = lre_mechfact.evaluate(lm, rel, cfg, layer, seed, progress)
         rows.append({**row, "layer": layer})
     return rows, op
-
-
-_SUMMARY = ("layer", "faithfulness", "faithfulness_best_beta", "best_beta", "causality", "causality_best_rank",
-            "best_rank", "causality_projection_baseline")
 
 
 def _capped(rel: Relation, cfg: LreConfig, seed: int) -> Relation:
@@ -367,21 +226,12 @@ def _capped(rel: Relation, cfg: LreConfig, seed: int) -> Relation:
 
 
 def best_layer_row(rows: list[dict]) -> dict:
-    """A relation's row. Authors: :func:`mechfact.llm.lre_authors.relation_row` (every choice on training facts).
-    Mechfact (the first protocol, kept for comparison): the row at the layer best on its own test facts
-    (``layer_selected_on`` says so: an upper bound), with ``best_layer`` and ``by_layer``."""
+    """A relation's row from its layer rows. Authors: :func:`mechfact.llm.lre_authors.relation_row` (every choice
+    on training facts). Mechfact (the first protocol): :func:`mechfact.llm.lre_mechfact.relation_row` (the layer
+    best on its own test facts, labelled an upper bound)."""
     if rows and rows[0].get("protocol") == "authors":
         return lre_authors.relation_row(rows)
-    if len(rows) == 1:
-        return rows[0]
-    scored = [r for r in rows if r["faithfulness"] is not None]
-    if not scored:
-        return {**rows[0], "layer": None, "best_layer": None, "by_layer": []}
-    key = lambda r: (r.get("faithfulness_best_beta", r["faithfulness"]),  # noqa: E731
-                     r.get("causality_best_rank", r["causality"]) or 0, -r["layer"])
-    best = max(scored, key=key)
-    return {**best, "best_layer": best["layer"], "layer_selected_on": "test (an upper bound)",
-            "by_layer": [{k: r.get(k) for k in _SUMMARY} for r in scored]}
+    return lre_mechfact.relation_row(rows)
 
 
 def _check_template(rel: Relation, template: int) -> None:
@@ -403,10 +253,7 @@ def _summarise(result: dict, cfg: LreConfig, seed: int) -> None:
         result["model_beta"] = lre_authors.add_model_beta(rows, fixed)
         result.update(lre_authors.summary(rows, seed))
         return
-    vals = [r for r in rows if r["faithfulness"] is not None]
-    result["mean_faithfulness"] = float(np.mean([r["faithfulness"] for r in vals])) if vals else None
-    cv = [r["causality"] for r in vals if r["causality"] is not None]
-    result["mean_causality"] = float(np.mean(cv)) if cv else None
+    result.update(lre_mechfact.summary(rows))
 
 
 def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str = "cpu", seed: int = 0,

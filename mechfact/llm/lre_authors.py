@@ -49,6 +49,7 @@ import torch
 
 from .. import stats
 from ..seeding import derive_seed
+from .lre_operator import LRE, decode_top, edited_predictions, jacobians, states_at
 from .prompts import build_prompts, prefix_match
 
 logger = logging.getLogger(__name__)
@@ -128,15 +129,13 @@ def _f(x) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool, *, states_at, jacobians, decode_top,
-             edited_predictions) -> tuple[list[dict], object]:
-    """One row per layer of ``rel`` (see the module docstring) and the last trial's operator at the last layer.
+def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False) -> tuple[list[dict], LRE | None]:
+    """One row per layer of ``rel`` (see the module docstring; the trials' splits, known facts and edit targets are
+    the same at every layer) and the last trial's operator at the last layer.
 
-    The model-facing steps come in as functions (states, Jacobians, decoding, edited runs) so the protocol
+    The model-facing steps (states, Jacobians, decoding, edited runs) are :mod:`.lre_operator`'s; the protocol
     is this module's only job.
     """
-    from .lre import LRE
-
     tok = lm.tokenizer
     n = len(rel)
     subj_ids = {s: k for k, s in enumerate(dict.fromkeys(rel.subjects))}
@@ -160,7 +159,7 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool, *, stat
             break
         order = train + test
         prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=train, samples=order)
-        S_at, Z, own = states_at(lm, prompts, layers, cfg)
+        S_at, Z, own = states_at(lm, prompts, layers, cfg.batch_size, cfg.cache_states)
         pos = {i: k for k, i in enumerate(order)}
 
         def right(token, i: int) -> bool:  # facts="all": judged against the model's own prediction

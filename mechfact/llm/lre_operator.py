@@ -1,0 +1,124 @@
+"""The LRE operator and the model-facing steps both LRE protocols share.
+
+* :class:`LRE`: ``beta * J s + b`` with rank-r pseudo-inverses of ``beta J`` (one SVD for every rank);
+* :func:`jacobians` / :func:`estimate_lre`: per-prompt Jacobians ``dz/ds`` (exact, :func:`mechfact.llm.jacobian.jacobian`)
+  and their mean operator;
+* :func:`states_at`: subject states at some layers, the last layer's state at the last token and the greedy next
+  token, for a list of prompts (one collection pass, cached on disk when asked);
+* :func:`decode_top`: the top token of last-layer states through the final norm and unembedding;
+* :func:`edited_logits` / :func:`edited_predictions`: one prompt run with its subject state replaced by each of
+  several vectors (prefix once, suffix as copies); :func:`patched_predictions`: the same through the shared
+  patching engine (one prompt at a time; kept as the reference the fast path is tested against).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import hooks
+from ..probes.queries import ProbeSet, Site, collect
+from .jacobian import _copies, _prefix_cache, _putter, jacobian
+from .loading import LanguageModel
+
+
+@dataclass
+class LRE:
+    J: torch.Tensor  # (d, d) mean Jacobian
+    b: torch.Tensor  # (d,)
+    beta: float
+
+    def __call__(self, s: torch.Tensor) -> torch.Tensor:  # (n, d) -> (n, d)
+        return self.beta * s @ self.J.T + self.b
+
+    def pinv(self, rank: int) -> torch.Tensor:
+        """Rank-``rank`` pseudo-inverse of ``beta J``."""
+        return self.pinvs([rank])[rank]
+
+    def pinvs(self, ranks: list[int]) -> dict[int, torch.Tensor]:
+        """Rank-r pseudo-inverses of ``beta J`` for every r of ``ranks``, from one SVD."""
+        U, S, Vh = torch.linalg.svd(self.beta * self.J.double())
+        n = int((S > S[0] * 1e-10).sum())
+        return {rank: (Vh[:r].T @ torch.diag(1 / S[:r]) @ U[:, :r].T).float()
+                for rank in ranks for r in [min(rank, n)]}
+
+
+def jacobians(lm: LanguageModel, prompts: list, layer: int, chunk: int | None, progress: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Js (n, d, d), bs (n, d)): each prompt's Jacobian ``dz/ds`` and ``z - J s`` at its subject's last token."""
+    Js, bs = [], []
+    for p in tqdm(prompts, desc="jacobians", leave=False, **({} if progress else {"disable": True})):
+        J, s, o = jacobian(lm, p.tokens, p.subject_last, layer, chunk)
+        Js.append(J)
+        bs.append(o - J @ s)
+    return torch.stack(Js), torch.stack(bs)
+
+
+def estimate_lre(lm: LanguageModel, prompts: list, idx: list[int], layer: int, beta: float, chunk: int | None = None,
+                 progress: bool = False) -> LRE:
+    """The operator of prompts ``idx``: the mean of their Jacobians and of their ``z - J s``."""
+    Js, bs = jacobians(lm, [prompts[i] for i in idx], layer, chunk, progress)
+    return LRE(J=Js.mean(0), b=bs.mean(0), beta=beta)
+
+
+def states_at(lm: LanguageModel, prompts: list, layers: list[int], batch_size: int, cache: bool
+              ) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """({layer: subject states}, last-layer states at the last token, greedy next tokens) of ``prompts``."""
+    ps = ProbeSet.from_prompts(prompts, pad_id=lm.pad_id)
+    s_sites = {l: Site(hooks.resid(l, "post"), "subject") for l in layers}
+    z_site = Site(hooks.resid(lm.n_layers - 1, "post"), "last")
+    acts = collect(lm, ps, [*s_sites.values(), z_site], batch_size=batch_size, cache=cache)
+    return {l: acts[st] for l, st in s_sites.items()}, acts[z_site], acts.next_token
+
+
+def decode_top(lm: LanguageModel, o: torch.Tensor) -> torch.Tensor:
+    """Top token of final-layer states o (n, d) through the final norm and the unembedding."""
+    with torch.no_grad():
+        x = o.to(lm.device, lm.dtype)[:, None]
+        return lm.bridge.unembed(lm.bridge.ln_final(x))[:, 0].argmax(-1).cpu()
+
+
+def edited_logits(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
+                  chunk: int = 64) -> torch.Tensor:
+    """Next-token logits (m, vocab) of one prompt with its state at (``layer``, ``pos``) set to each row of
+    ``states`` (m, d).
+
+    The prefix before ``pos`` runs once; the suffix runs as ``m`` copies (in chunks) from the block after
+    ``layer`` on -- the same numbers as patching the full prompt ``m`` times (tested), a fraction of the work.
+    """
+    toks = torch.tensor([tokens], device=lm.device)
+    pkv = _prefix_cache(lm, toks, pos)
+    out = []
+    with torch.no_grad():
+        for c0 in range(0, len(states), chunk):
+            st = states[c0:c0 + chunk].to(lm.device, lm.dtype)
+            logits = lm.bridge.run_with_hooks(toks[:, pos:], past_key_values=_copies(pkv, layer, len(st)),
+                                              fwd_hooks=[(hooks.resid(layer, "post"), _putter(st))])
+            out.append(logits[:, -1].float().cpu())
+    return torch.cat(out)
+
+
+def edited_predictions(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
+                       chunk: int = 64) -> torch.Tensor:
+    """Greedy next token (m,) of :func:`edited_logits`."""
+    return edited_logits(lm, tokens, pos, layer, states, chunk).argmax(-1)
+
+
+def patched_predictions(lm: LanguageModel, prompts: list, idx: list[int], layer: int, new_states: torch.Tensor
+                        ) -> torch.Tensor:
+    """Greedy next token of prompts ``idx`` with the subject state at ``layer`` set to ``new_states[k]``.
+
+    Uses the shared patching engine (:func:`mechfact.probes.patching.run_with_interventions`, kind ``set``
+    at the subject position), one prompt at a time since each gets its own vector.
+    """
+    from ..probes.patching import Intervention, run_with_interventions
+
+    ps = ProbeSet.from_prompts([prompts[i] for i in idx], pad_id=lm.pad_id, objects=idx, subjects=idx)
+    out = torch.empty(len(idx), dtype=torch.long)
+    for k in range(len(idx)):
+        iv = Intervention(site=hooks.resid(layer, "post"), kind="set", position="subject",
+                          values=new_states[k].tolist())
+        out[k] = run_with_interventions(lm, ps.subset([k]), [iv]).argmax(-1)[0]
+    return out
