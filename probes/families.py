@@ -80,6 +80,42 @@ def run(out: Path, data: Path) -> None:
             subprocess.run(cli + argv + ["--threads", "1", "--quiet", "--out", str(folder)], check=True)
 
 
+RUN_FILES = ("config.json", "result.json", "meta.json")
+DATA_NAME = "evandez-relations/data"  # what an exported config says in place of this machine's data folder
+
+
+def _portable(x, roots: set[str]):
+    """``x`` with every string naming a relations data folder (a ``roots`` path) rewritten to ``DATA_NAME/...``."""
+    if isinstance(x, dict):
+        return {k: _portable(v, roots) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_portable(v, roots) for v in x]
+    if isinstance(x, str) and x in roots:
+        return f"{DATA_NAME}/{Path(x).name}"
+    return x
+
+
+def export(out: Path, dest: Path) -> int:
+    """Copies every run folder's JSON files (not figures or caches) from ``out`` to ``dest`` with the same layout,
+    the relations data paths in configs written as ``DATA_NAME/<part>``: the numbers a clone rebuilds the page
+    from. Returns the number of files written."""
+    from mechfact.runs import atomic_path
+
+    n = 0
+    for folder in sorted(p for p in out.glob("*/*") if (p / "result.json").is_file()):
+        cfg = _read(folder / "config.json") or {}
+        rel = (cfg.get("config", cfg) or {}).get("relations")
+        roots = {rel} if isinstance(rel, str) and Path(rel).name in PARTS else set()
+        for name in RUN_FILES:
+            if (folder / name).is_file():
+                target = dest / folder.relative_to(out) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_path(target) as tmp:
+                    tmp.write_text(json.dumps(_portable(_read(folder / name), roots), indent=1) + "\n")
+                n += 1
+    return n
+
+
 def readout_table(out: Path) -> str:
     """Per relation and model: the layer chosen by nested cross-validation on training subjects, the held-out
     accuracy there [95% Wilson over scored facts], the shuffled-label control (same selection), the majority
@@ -320,10 +356,12 @@ def runs_status(out: Path) -> str:
 
 DOC_HEAD = """# Relational linearity in pretrained LLMs: SmolLM2-135M, Gemma-3-270M, Qwen2.5-0.5B
 
-This page is written by `python -m probes.families --out runs/fam --doc docs/results_llm.md` from the run
-folders under `runs/fam` alone (`python -m probes.families --run --relations PATH` makes them; PATH is the LRE
-authors' `data/` folder from github evandez/relations). Every number carries its n and a 95% interval; a part
-that has not been run says so. The models are the three packaged ones (`mechfact llm models`).
+This page is written by `python -m probes.families --out docs/runs/fam --doc docs/results_llm.md` from the run
+files under `docs/runs/fam` alone: the configs, results and metadata of the run folders that
+`python -m probes.families --run --relations PATH` makes under `runs/fam` (PATH: the LRE authors' `data/` folder
+from github evandez/relations), copied there by `python -m probes.families --out runs/fam --export docs/runs/fam`.
+Every number carries its n and a 95% interval; a part that has not been run says so. The models are the three
+packaged ones (`mechfact llm models`).
 
 LRE protocol (the authors' sweep, every choice on training facts): per trial an object-balanced split, the
 training facts as the in-context examples of every prompt, test facts filtered under that prompt (the fact's own
@@ -370,6 +408,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/fam")
     ap.add_argument("--run", action="store_true", help="run what is missing first")
+    ap.add_argument("--export", default=None, metavar="DIR", help="copy the run folders' JSON files (configs, "
+                    "results, meta; no figures) to DIR, e.g. docs/runs/fam, where --out DIR rebuilds the page")
     ap.add_argument("--figure", default="docs/img/families.png")
     ap.add_argument("--lre-figure", default="docs/img/families_lre.png")
     ap.add_argument("--doc", default=None, metavar="MD", help="write the whole results page there (e.g. "
@@ -383,6 +423,8 @@ def main(argv=None) -> None:
         if a.relations is None or not all((Path(a.relations) / p).is_dir() for p in PARTS):
             ap.error(f"--run needs --relations DIR with {' and '.join(PARTS)} folders (got {a.relations})")
         run(out, Path(a.relations))
+    if a.export:
+        print(f"{export(out, Path(a.export))} files copied from {out} to {a.export}")
     if a.doc:
         write_doc(out, Path(a.doc))
         print(f"{a.doc} written from {out}")

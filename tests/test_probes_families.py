@@ -59,3 +59,25 @@ def test_families_run_needs_the_relation_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         F.main(["--run", "--out", str(tmp_path), "--relations", str(tmp_path / "nope")])
     assert e.value.code == 2 and "--run needs --relations DIR" in capsys.readouterr().err
+
+
+def test_exported_runs_rebuild_the_same_page_without_machine_paths(tmp_path):
+    """--export copies the run JSON (no figures, no locks) with the data folder written portably; the page built
+    from the copy equals the page built from the run folders."""
+    runs, dest = tmp_path / "runs", tmp_path / "docs" / "runs"
+    data = str(tmp_path / "private" / "lre" / "factual")
+    _write(runs, "smollm2-135m", [_row("country capital city", lambda b: 0.5, 2.25)])
+    folder = runs / "smollm2-135m" / "lre_authors_factual"
+    (folder / "config.json").write_text(json.dumps({"kind": "llm.lre", "config": {"relations": data}, "seed": 0}))
+    (folder / "meta.json").write_text(json.dumps({"wall_time_s": 1.0}))
+    (folder / ".lock").write_text("x")
+    (folder / "fig_lre.png").write_bytes(b"png")
+    assert F.export(runs, dest) == 3
+    copied = dest / "smollm2-135m" / "lre_authors_factual"
+    assert sorted(p.name for p in copied.iterdir()) == ["config.json", "meta.json", "result.json"]
+    assert json.loads((copied / "config.json").read_text())["config"]["relations"] == f"{F.DATA_NAME}/factual"
+    assert str(tmp_path) not in "".join(p.read_text() for p in copied.iterdir())
+    F.write_doc(runs, tmp_path / "a.md")
+    F.write_doc(dest, tmp_path / "b.md")
+    assert (tmp_path / "a.md").read_text() == (tmp_path / "b.md").read_text()
+    assert "country capital city" in (tmp_path / "b.md").read_text()
