@@ -38,12 +38,15 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, str]] = {
     # pretrained models and relations
     "load_model": ("mechfact.llm.loading", "load_model"),
-    "LanguageModel": ("mechfact.llm.loading", "LanguageModel"),
+    "LanguageModel": ("mechfact.llm.language_model", "LanguageModel"),
     "Relation": ("mechfact.llm.relations", "Relation"),
     "load_relations": ("mechfact.llm.relations", "load_relations"),
     "probe_set": ("mechfact.llm.prompts", "probe_set"),
     "layer_readout": ("mechfact.llm.probe", "layer_readout"),
     "lre": ("mechfact.llm.lre", "lre"),
+    "lre_sweep": ("mechfact.llm.lre", "lre_sweep"),
+    "causal_trace": ("mechfact.causal", "causal_trace"),
+    "llm_superposition": ("mechfact.llm.superposition", "llm_superposition"),
     # synthetic facts: worlds, one-layer models, training, constructions
     "FactWorld": ("mechfact.facts.world", "FactWorld"),
     "FactModel": ("mechfact.facts.model", "FactModel"),
@@ -70,11 +73,11 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "run_with_interventions": ("mechfact.probes.patching", "run_with_interventions"),
     # probes, on fact models and pretrained models alike
     "readout": ("mechfact.probes.readout", "readout"),
-    "superposition": ("mechfact.probes.experiments", "superposition"),
+    "superposition": ("mechfact.targets", "superposition"),
     "intervene": ("mechfact.probes.experiments", "intervene"),
-    "freeze_and_swap": ("mechfact.probes.swap", "freeze_and_swap"),
+    "freeze_and_swap": ("mechfact.targets", "freeze_and_swap"),
     "scores_and_spectra": ("mechfact.probes.weights", "scores_and_spectra"),
-    "probe_all": ("mechfact.probes.experiments", "probe_all"),
+    "probe_all": ("mechfact.targets", "probe_all"),
 }
 
 __all__ = ["__version__", *_EXPORTS]

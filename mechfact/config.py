@@ -28,6 +28,12 @@ def bad(field: str, value: Any, what: str) -> ValueError:
     return ValueError(f"{flag(field)} {value}: {what}")
 
 
+def check_type(field: str, value: Any, cls: type) -> None:
+    """An instance of ``cls`` (e.g. a nested config)."""
+    if not isinstance(value, cls):
+        raise ValueError(f"{field}: expected a {cls.__name__}, got {type(value).__name__}")
+
+
 def check_int(field: str, value: Any, lo: int, hi: int | None = None) -> None:
     """An integer (not a bool) in ``lo..hi``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):

@@ -55,6 +55,12 @@ class Executor:
     def close(self) -> None:
         """Release what the executor started (a local Ray runtime); a no-op for the local executor."""
 
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc_info) -> None:  # closes, and lets an exception of the block through
+        self.close()
+
 
 def _bar(total: float, desc: str, progress: bool):
     disable = not progress or bool(os.environ.get("TQDM_DISABLE"))
@@ -196,6 +202,18 @@ def _cause(exc: BaseException) -> BaseException:
     """The user's exception inside a Ray task error (or the Ray error itself: a worker that died)."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
+
+
+def memo_job(executor, search: Callable[[dict, Any], Any], memo: dict, mine: Callable[[str], bool], key: str,
+             on_eval=None) -> Callable[[], dict]:
+    """One memoised search as a job's function. In this process it shares the live ``memo`` (``on_eval`` runs after
+    every evaluation, e.g. to save it); elsewhere (a Ray task) it gets a copy of its own evaluations (the keys
+    ``mine`` accepts) and returns them beside its result, ``{key: search(...), "evaluations": ...}``, for
+    :func:`merge_evaluations`."""
+    if executor.in_process:
+        return lambda: {key: search(memo, on_eval), "evaluations": {}}
+    own = {k: v for k, v in memo.items() if mine(k)}
+    return lambda: {key: search(own, None), "evaluations": own}
 
 
 def merge_evaluations(memo: dict, evaluations: dict) -> None:

@@ -135,7 +135,7 @@ def _paragraphs(text: str) -> str:
     return "".join(f"<p>{html.escape(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
 
 
-def _claims(claims: list[Claim], sections: dict[str, str]) -> str:
+def _claims(claims: list[Claim], sections: dict[str, str], cited: bool = False) -> str:
     rows, group = [], None
     for c in claims:
         if c.group and c.group != group:
@@ -149,9 +149,16 @@ def _claims(claims: list[Claim], sections: dict[str, str]) -> str:
                     f"<td>{html.escape(c.paper)}</td><td>{html.escape(c.measured)}</td>"
                     f'<td><span class="verdict v-{cls}">{html.escape(c.verdict)}</span>{why}{link}</td></tr>')
     return ('<table id="claims-table" class="claims"><caption>Did the papers\' claims hold? Paper numbers are '
-            "quoted from the papers (as summarised in SCIENCE.md); measured numbers come from this run's result "
-            "files.</caption><thead><tr><th>claim</th><th>paper's number</th><th>measured in this run</th>"
+            f"quoted from the papers{' (references below the table)' if cited else ''}; measured numbers come from "
+            "this run's result files.</caption><thead><tr><th>claim</th><th>paper's number</th><th>measured in this run</th>"
             f"<th>verdict</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _references(refs: dict[str, str], note: str = "") -> str:
+    """The cited works under the claims table: ``{short name: full reference}``."""
+    items = "".join(f"<li><strong>{html.escape(k)}</strong>: {html.escape(v)}</li>" for k, v in refs.items())
+    foot = f'<p class="note">{html.escape(note)}</p>' if note else ""
+    return f'<div id="references"><h3>References</h3><ul class="refs">{items}</ul>{foot}</div>'
 
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1240px;margin:1.5em auto;padding:0 1em;color:#222;line-height:1.4}
@@ -170,19 +177,23 @@ figure{display:inline-block;margin:0.5em 0.8em 0.8em 0;max-width:100%;vertical-a
 @media (min-width:1100px){figure.half{max-width:calc(50% - 0.8em)}}
 img{max-width:100%;height:auto;border:1px solid #eee}figcaption{font-size:0.85em;color:#444}
 pre{background:#f6f6f6;padding:0.6em;font-size:0.8em;overflow:auto;white-space:pre-wrap;overflow-wrap:anywhere}
-section{border-top:2px solid #ddd;margin-top:2em}nav ol{columns:2;font-size:0.9em}"""
+section{border-top:2px solid #ddd;margin-top:2em}nav ol{columns:2;font-size:0.9em}
+ul.refs{font-size:0.88em;max-width:60em;padding-left:1.2em}ul.refs li{margin:0.2em 0}"""
 
 
 def render(title: str, sections: list[Section], meta: dict, path: str | os.PathLike, *,
-           claims: list[Claim] | None = None, intro: str = "") -> Path:
-    """Write the report: title, intro, the claims table (each row linking to its section), contents, sections."""
+           claims: list[Claim] | None = None, intro: str = "", references: dict[str, str] | None = None,
+           references_note: str = "") -> Path:
+    """Write the report: title, intro, the claims table (each row linking to its section) and the works it cites
+    (``references``: ``{short name: full reference}``), contents, sections."""
     names = {s.anchor: s.title for s in sections}
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
              f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
              f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>", _paragraphs(intro)]
     if claims:
-        parts.append(f'<section id="claims"><h2>Claims and verdicts</h2>{_claims(claims, names)}</section>')
+        refs = _references(references, references_note) if references else ""
+        parts.append(f'<section id="claims"><h2>Claims and verdicts</h2>{_claims(claims, names, bool(refs))}{refs}</section>')
     parts.append("<nav><ol>" + "".join(f'<li><a href="#{html.escape(s.anchor)}">{html.escape(s.title)}</a></li>'
                                        for s in sections) + '<li><a href="#environment">Environment</a></li></ol></nav>')
     for s in sections:

@@ -6,7 +6,7 @@ For each named regime of :mod:`mechfact.facts.regimes` and each N: train a
 one-layer fact model (R = 4) on all N R facts (``REGIMES[name].fit``), save it
 as a fact run directory (``<out>/<regime>_N<N>/model`` + ``world.json``: a valid
 ``--model`` for ``mechfact probe ...``), then run every probe once
-(:func:`~mechfact.probes.experiments.probe_all`: superposition test, readouts,
+(:func:`~mechfact.targets.probe_all`: superposition test, readouts,
 selector ablation + relation swaps, freeze-and-swap with its controls) and write
 ``result.json`` (probe results + training history) and ``summary.json`` (the
 headline numbers). Rerunning skips finished runs. ``--table`` prints the
@@ -28,7 +28,8 @@ from mechfact import hooks
 from mechfact.device import resolve_device
 from mechfact.facts import REGIMES, FactWorld, TrainConfig, build_single_hop, evaluate, min_block_size
 from mechfact.facts.runio import save_fact_run
-from mechfact.probes.experiments import SwapConfig, probe_all, summary
+from mechfact.probes.experiments import summary
+from mechfact.targets import SwapConfig, probe_all
 from mechfact.probes.queries import Site
 from mechfact.runs import RunDir, read_json
 

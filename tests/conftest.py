@@ -23,3 +23,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def fast_report(tmp_path_factory):
+    """``mechfact quickstart --fast`` once per test session: (out folder, printed stdout).
+
+    Shared by tests/test_quickstart.py and tests/test_report_browser.py (the browser renders the same report), so
+    the quickstart runs once however many tests read it. One torch thread, as the quickstart's time is measured
+    (2 CPU cores, other work beside it); the caller's thread count is restored."""
+    import contextlib
+    import io
+
+    import torch
+
+    from mechfact.cli import main
+    from mechfact.seeding import seed_everything
+
+    seed_everything(1234)  # as the autouse fixture would for a test that ran the quickstart itself
+    out = tmp_path_factory.mktemp("quickstart") / "qs"
+    buf = io.StringIO()
+    threads = torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(buf):
+            rc = main(["quickstart", "--fast", "--out", str(out), "--quiet", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    return out, buf.getvalue()

@@ -70,11 +70,12 @@ print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs /proc to measure memory")
 def test_memory_trainer_estimate_within_2x_of_the_measured_peak():
+    """On the decoupled problem, whose dense competitors dominate the peak. (The original problem's CPU peak is
+    a few tens of MB, under the allocator's own jitter: one run measured anywhere in 19-71 MB.)"""
     from mechfact.memory.solvers import train_bytes
 
-    est = train_bytes("original", 32, 3000, 2)
-    got = _peak_bytes('S.train([MemoryProblem("original", 32, 3000, s) for s in range(2)], '
-                      'cfg=S.MemoryTrainConfig(steps=3))')
+    est = train_bytes("decoupled", 16, 1000, 1)
+    got = _peak_bytes('S.train([MemoryProblem("decoupled", 16, 1000, 0)], cfg=S.MemoryTrainConfig(steps=3))')
     assert est / 2 <= got <= est * 2, (est, got)
 
 
@@ -93,11 +94,12 @@ def test_estimates_scale_with_the_sizes():
     from mechfact.facts.experiments import training_cost, ModelSpec
     from mechfact.memory.solvers import train_bytes
 
-    o = train_bytes("original", 32, 1000, 1)
-    assert train_bytes("original", 32, 2000, 1) == pytest.approx(4 * o, rel=0.1)  # p x p scores
-    assert train_bytes("original", 32, 1000, 3) == pytest.approx(3 * o, rel=0.01)  # seeds trained at once
-    assert train_bytes("decoupled", 32, 1000, 1) > 10 * o  # dense p x p x d competitors
-    assert train_bytes("original", 32, 1000, 1, active_set=8) < o
+    o = train_bytes("original", 32, 1000, 1, device="cuda")  # a GPU holds the whole (p, p) scores
+    assert train_bytes("original", 32, 2000, 1, device="cuda") == pytest.approx(4 * o, rel=0.1)  # p x p scores
+    assert train_bytes("original", 32, 1000, 3, device="cuda") == pytest.approx(3 * o, rel=0.01)  # seeds at once
+    assert train_bytes("decoupled", 32, 1000, 1, device="cuda") > 10 * o  # dense p x p x d competitors
+    assert train_bytes("original", 32, 1000, 1, active_set=8, device="cuda") < o
+    assert train_bytes("original", 32, 8000, 1) < train_bytes("original", 32, 8000, 1, device="cuda") / 10  # chunks
     spec = ModelSpec()
     small, _ = training_cost(256, 4, 32, 64, spec)
     assert training_cost(2560, 4, 32, 64, spec)[0] > 10 * small
@@ -159,7 +161,7 @@ def test_fact_trainer_stops_before_checkpointing_nan_weights():
 def test_swap_retraining_stops_when_the_loss_diverges():
     from mechfact.facts import FactWorld, build_single_hop
     from mechfact.facts.train import TrainConfig
-    from mechfact.probes.swap import retrain_embeddings
+    from mechfact.targets import retrain_embeddings
 
     world = FactWorld(16, 2, seed=0)
     model = build_single_hop(world, 8)

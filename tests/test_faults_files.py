@@ -123,7 +123,7 @@ def fake_gguf(shared, tmp_path, monkeypatch):
     """convert_gguf with the GGUF reader replaced by the tiny HF model (counts its calls)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mechfact.llm import loading
+    from mechfact.llm import gguf as loading  # the GGUF reader convert_gguf calls lives in mechfact.llm.gguf
 
     calls = []
 

@@ -14,7 +14,7 @@ from mechfact.facts import TrainConfig
 from mechfact.probes.patching import ablate_relation_units, relation_swap, selectivity
 from mechfact.probes.queries import ProbeSet
 from mechfact.probes.readout import readout
-from mechfact.probes.swap import freeze_and_swap
+from mechfact.targets import freeze_and_swap
 from mechfact.probes.weights import scores_and_spectra
 
 N, R, B = 128, 4, 24
@@ -94,7 +94,7 @@ def test_scores_and_spectra(cons):
 
 
 def test_quick_api_for_the_quickstart(one_thread):
-    from mechfact.probes.experiments import quick
+    from mechfact.targets import quick
 
     res = quick(96, 2, retrain_steps=3)  # the fit needs more training subjects than R * rank(W_U) = 48
     assert res["model"] == "construct" and res["train_accuracy"] == 1.0

@@ -35,7 +35,7 @@ def test_frozen_network_takes_new_facts_only_in_attribute_pool_worlds(one_thread
     Same model and optimiser; only the world differs (bijections vs a pool of 16 attributes).
     Measured (N = 256, R = 4, d = 64, m = 128): retrained-new 0.66 vs 0.997, zero-shot 0.15 vs 0.55.
     """
-    from mechfact.probes.swap import freeze_and_swap
+    from mechfact.targets import freeze_and_swap
 
     res = {}
     for A in (None, 16):
@@ -62,7 +62,7 @@ def test_geometric_regime_meets_the_papers_bar_in_pool_worlds(one_thread):
     zero-shot 0.99 (control 0.07, chance 1/16); plain R^2 0.5, zero-shot 0.5.
     """
     from mechfact.facts.regimes import REGIMES
-    from mechfact.probes.swap import freeze_and_swap
+    from mechfact.targets import freeze_and_swap
 
     world = FactWorld(256, 4, seed=0, attributes=16)
     out = {}

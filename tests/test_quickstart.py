@@ -1,5 +1,3 @@
-import contextlib
-import io
 import json
 import re
 
@@ -9,35 +7,14 @@ import torch
 from mechfact.cli import main
 from mechfact.report import HOLDS, NOT, NOT_FAST, NOT_RUN, PART, VERDICTS, fmt
 
-_FAST: dict = {}
-
-
-def fast_report(tmp_path_factory):
-    """``mechfact quickstart --fast`` once per test session: (out folder, printed stdout).
-
-    tests/test_report_browser.py renders the same report, so the quickstart (about a minute) runs once."""
-    if "out" not in _FAST:
-        out = tmp_path_factory.mktemp("quickstart") / "qs"
-        buf = io.StringIO()
-        threads = torch.get_num_threads()
-        try:  # one torch thread, as the quickstart's time is measured (2 CPU cores, other work beside it)
-            with contextlib.redirect_stdout(buf):
-                rc = main(["quickstart", "--fast", "--out", str(out), "--quiet", "--threads", "1"])
-        finally:
-            torch.set_num_threads(threads)
-        assert rc == 0
-        _FAST.update(out=out, stdout=buf.getvalue())
-    return _FAST["out"], _FAST["stdout"]
-
-
 def _claims_rows(html):
     table = re.search(r'<table id="claims-table".*?</table>', html, re.S)
     assert table, "the report has no claims table"
     return re.findall(r"<tr><td class=\"claim\">(.*?)</tr>", table.group(0), re.S)
 
 
-def test_quickstart_fast_renders_claims_first_and_every_section(tmp_path_factory):
-    out, stdout = fast_report(tmp_path_factory)
+def test_quickstart_fast_renders_claims_first_and_every_section(fast_report):
+    out, stdout = fast_report
     assert str(out / "report.html") in stdout
     html = (out / "report.html").read_text()
     # the claims table comes before every section
@@ -47,6 +24,13 @@ def test_quickstart_fast_renders_claims_first_and_every_section(tmp_path_factory
     assert "Skipped" not in html  # the embedded model is part of the install
     assert html.count("data:image/png;base64,") >= 12  # figures embedded, self-contained
     assert "<script" not in html
+    # the papers are cited (title, authors, year), not a file readers do not have; no notes on how it was built
+    refs = re.search(r'<div id="references">.*?</div>', html, re.S).group(0)
+    for cite in ("Giorlandino", "Factual recall in linear associative memories", "Ravfogel",
+                 "Geometric factual recall in transformers", "Hernandez", "Linearity of relation decoding", "2024",
+                 "2026"):
+        assert cite in refs, cite
+    assert not re.search(r"SCIENCE\.md|\bissue \d|\bsession\b|of mine", html), "wording about the project's making"
     # every claim row has an allowed verdict; every link points at a section of the page
     rows = _claims_rows(html)
     assert len(rows) >= 15
@@ -61,8 +45,8 @@ def test_quickstart_fast_renders_claims_first_and_every_section(tmp_path_factory
     assert len([c for c in cells if re.fullmatch(r"-?\d+\.\d+", c)]) > 40
 
 
-def test_quickstart_claims_carry_this_runs_numbers(tmp_path_factory):
-    out, _ = fast_report(tmp_path_factory)
+def test_quickstart_claims_carry_this_runs_numbers(fast_report):
+    out, _ = fast_report
     claims = json.loads((out / "claims.json").read_text())
     by = {c["source"]: c for c in claims}
     # paper A: the measured alpha_c of this run appears in the capacity claim
@@ -86,7 +70,7 @@ def test_quickstart_claims_carry_this_runs_numbers(tmp_path_factory):
     assert " · ".join(fmt(float(x)) for x in con) in html
     # LLM: the LRE claim quotes this run's faithfulness; the one-to-one readout is explained where present
     lre = json.loads((out / "llm_lre" / "result.json").read_text())["per_relation"][0]
-    assert f"faithfulness {fmt(lre['faithfulness'])}" in by["Hernandez et al. (ICLR 2024), SCIENCE.md part C"]["measured"]
+    assert f"faithfulness {fmt(lre['faithfulness'])}" in by["Hernandez et al. (ICLR 2024)"]["measured"]
     llm = json.loads((out / "llm_probe" / "result.json").read_text())
     assert all(r["n_known"] > 0 for r in llm["relations"])
     assert (out / "llm_superposition" / "result.json").is_file()
@@ -226,3 +210,21 @@ def test_families_side_by_side_section(tmp_path):
         assert max(acc) >= 0.6, r
     assert (tmp_path / "figures" / "llm_families.png").stat().st_size > 10_000
     assert len(part.claims) == 4 and all(c.section == "families" for c in part.claims)
+
+
+def test_sizes_default_leaves_the_slow_secondary_runs_to_full():
+    """The default quickstart drops the geometric regime on the bijection world and two superposition layers;
+    --full is the earlier default, size for size; --fast wins over --full."""
+    from mechfact.quickstart.sizes import llm_layers, probe_models, sizes_for
+
+    default, full, fast = sizes_for(), sizes_for(full=True), sizes_for(fast=True, full=True)
+    keys = {s.mode: [m["key"] for m in probe_models(s)] for s in (default, full, fast)}
+    assert keys["default"] == ["construction", "default-pool", "geometric-pool", "default-bijection"]
+    assert keys["full"] == keys["default"] + ["geometric-bijection"] and keys["fast"] == keys["default"]
+    assert llm_layers(30, default) == {"readout": [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 29], "superposition": [0, 15, 29]}
+    assert llm_layers(30, full)["superposition"] == [0, 7, 15, 22, 29]
+    assert llm_layers(30, fast) == {"readout": [0, 7, 15, 22, 29], "superposition": [0, 15, 29]}
+    # everything else is the same in the default and --full
+    same = {k: v for k, v in vars(default).items() if k not in ("mode", "probe_keys", "superposition_layers")}
+    assert same == {k: v for k, v in vars(full).items() if k in same}
+    assert fast.memory_d == (12, 16) and default.memory_d == (16, 24)

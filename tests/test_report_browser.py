@@ -17,8 +17,6 @@ import zlib
 
 import pytest
 
-from test_quickstart import fast_report
-
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome", "headless_shell")
 WIDTHS = (1280, 1024)  # a laptop window, and a narrower one
 
@@ -99,8 +97,8 @@ def browser():
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_fast_report_reads_in_a_real_browser(browser, tmp_path_factory, tmp_path, width):
-    out, _ = fast_report(tmp_path_factory)
+def test_fast_report_reads_in_a_real_browser(browser, fast_report, tmp_path, width):
+    out, _ = fast_report
     page = (out / "report.html").read_text()
     assert "</body>" in page
     probed = tmp_path / "report_probed.html"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import common_args, executor_args, finite_float, make_executor_from
+from ._args import common_args, executor_args, finite_float, make_executor_from
 from ..facts.experiments import SEARCHES
 from ..facts.model import ATTENTION, EMBEDDINGS, ENTITY_INIT
 from ..facts.train import LOSSES, SCHEDULES
@@ -152,22 +152,16 @@ def _run(a) -> None:
                                      search=a.search, d=a.d, mlp_width=a.mlp_width, seeds=a.seeds,
                                      model=_spec(a), train=_train_cfg(a, 0.99),
                                      **({"grid": a.grid} if a.grid else {}))
-        executor = make_executor_from(a, "facts capacity")
-        try:
+        with make_executor_from(a, "facts capacity") as executor:
             res = ex.run_facts_capacity(cfg, a.out, device=dev, seed=seed, executor=executor)
-        finally:
-            executor.close()
         for t in res["thresholds"]:
             print(f"{t['embeddings']:>12} N={t['subjects']} R={t['relations']} seed={t['seed']}: "
                   f"{t['searched']}* = {t['threshold']}")
     elif a.facts_cmd == "multihop":
         cfg = ex.MultihopConfig(subjects=a.subjects, relations=a.relations, hops=a.hops, d=a.d,
                                 mlp_width=a.mlp_width, model=_spec(a), train=_train_cfg(a, 0.99))
-        executor = make_executor_from(a, "facts multihop")
-        try:
+        with make_executor_from(a, "facts multihop") as executor:
             res = ex.run_multihop(cfg, a.out, device=dev, seed=seed, executor=executor)
-        finally:
-            executor.close()
         for p in res["points"]:
             print(f"k={p['hops']} {p['mode']:>6}: accuracy {p['accuracy']:.4f}")
     print(f"results written to {a.out}")

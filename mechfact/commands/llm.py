@@ -1,10 +1,11 @@
-"""``mechfact llm probe|lre``: relational linearity in pretrained LLMs; the LLM options of ``mechfact probe`` too."""
+"""``mechfact llm probe|lre|superposition|trace|models``: relational linearity and causal tracing in pretrained LLMs;
+the LLM options of ``mechfact probe`` too."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..cli import UsageError, common_args, executor_args, finite_float, make_executor_from
+from ._args import UsageError, common_args, executor_args, finite_float, make_executor_from
 from ..llm.loading import DTYPES
 from ..llm.probe import POSITIONS, SITES
 from ..llm.superposition import ATTRIBUTES
@@ -82,7 +83,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> dict:
-    llm = subparsers.add_parser("llm", help="relational linearity in pretrained LLMs (paper C)")
+    llm = subparsers.add_parser("llm", help="pretrained LLMs: readout, LRE, superposition, causal tracing")
     sub = llm.add_subparsers(dest="llm_sub", required=True, parser_class=type(llm))
 
     p = sub.add_parser("probe", help="layer-wise linear readout of the object from the subject state")
@@ -158,6 +159,36 @@ def register(subparsers) -> dict:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-state-cache", action="store_true", help="do not read/write the hidden-state disk cache")
     common_args(p)
+
+    p = sub.add_parser("trace", help="causal tracing: where restoring one clean state brings a corrupted fact back")
+    p.add_argument("--model", default="default",
+                   help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M)")
+    p.add_argument("--relations", default=None, help="relation JSON file or folder of them (default: the shipped "
+                   "dataset)")
+    p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")
+    p.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
+                   help="what is restored: state (the residual after a block), mlp, attn (a window of layers), "
+                        "severed_mlp, severed_attn (the state with the later MLP / attention outputs at that token "
+                        "held corrupted) (default: state mlp attn)")
+    p.add_argument("--kind", dest="kinds", action="append", help=argparse.SUPPRESS)
+    p.add_argument("--corruption", default="noise", choices=("noise", "replace"),
+                   help="noise: Gaussian noise on the subject's embeddings; replace: another subject of the same "
+                        "token length (default noise)")
+    p.add_argument("--metric", default="prob", choices=("prob", "logit_diff"),
+                   help="probability of the clean answer, or (replace) its logit minus the corrupted answer's")
+    p.add_argument("--window", type=int, default=None, help="layers restored together by mlp / attn (default: 10 "
+                   "of 48 scaled to the depth)")
+    p.add_argument("--draws", type=int, default=10, help="noise draws per fact (default 10)")
+    p.add_argument("--noise-factor", type=finite_float, default=3.0,
+                   help="noise scale in standard deviations of the subject embeddings (default 3)")
+    p.add_argument("--replacements", type=int, default=5, help="replacement subjects per fact (default 5)")
+    p.add_argument("--max-facts", type=int, default=20, help="known facts traced per relation (default 20)")
+    p.add_argument("--k-shot", type=int, default=0, help="in-context examples per prompt (default 0: zero-shot, "
+                   "as the tracing authors)")
+    p.add_argument("--template", type=int, default=0, help="prompt template index per relation (default 0)")
+    p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    p.add_argument("--batch-rows", type=int, default=256, help="rows per forward pass (default 256)")
+    common_args(p)
     return {"llm": _run_llm}
 
 
@@ -189,7 +220,15 @@ def _run_llm(a) -> None:
             print(f"{row['name']:>14}  {'installed' if row['installed'] else 'not installed':<13}  {row['model']}: "
                   f"{row['note']}\n{'':>16}{row['install']}")
         return
-    if a.llm_sub == "superposition":
+    if a.llm_sub == "trace":
+        from ..llm.trace import TraceConfig, run_llm_trace
+
+        cfg = TraceConfig(model=a.model, relations=a.relations, relation_names=a.relation_names, kinds=a.kinds,
+                          corruption=a.corruption, metric=a.metric, window=a.window, n_draws=a.draws,
+                          noise_factor=a.noise_factor, n_replace=a.replacements, max_facts=a.max_facts,
+                          k_shot=a.k_shot, template=a.template, dtype=a.dtype, batch_rows=a.batch_rows)
+        run_llm_trace(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
+    elif a.llm_sub == "superposition":
         from ..llm.superposition import SuperpositionConfig, run_llm_superposition
 
         cfg = SuperpositionConfig(model=a.model, relations=a.relations, relation_names=a.relation_names,
@@ -200,12 +239,9 @@ def _run_llm(a) -> None:
                                   nuisance_pcs=a.nuisance_pcs, drop_massive=a.drop_massive)
         run_llm_superposition(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
     elif a.llm_sub == "probe":
-        executor = make_executor_from(a, "llm probe: relations")
-        try:
+        with make_executor_from(a, "llm probe: relations") as executor:
             P.run_llm_probe(probe_config(a, a.model, a.relations), a.out, device=a.device_obj, seed=a.seed,
                             progress=progress, executor=executor)
-        finally:
-            executor.close()
     else:
         ranks = None if a.ranks is None else _layers(a.ranks)
         layers = None if a.layers is None else _layers(a.layers)
@@ -215,9 +251,6 @@ def _run_llm(a) -> None:
                           n_train=a.n_train, facts=a.facts, max_test=a.max_test, protocol=a.protocol,
                           n_trials=a.trials, ranks=ranks,
                           **prompt_options(a))
-        executor = make_executor_from(a, "llm lre: relations")
-        try:
+        with make_executor_from(a, "llm lre: relations") as executor:
             L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress, executor=executor)
-        finally:
-            executor.close()
     print(f"results written to {a.out}")

@@ -9,8 +9,7 @@ of ``mechfact llm probe`` (same code, same numbers). ``superposition`` and ``swa
 from __future__ import annotations
 
 
-from ..cli import UsageError, common_args, finite_float
-from ..probes.experiments import InterveneConfig
+from ._args import UsageError, common_args, finite_float
 from .llm import prompt_args, prompt_options, readout_args
 
 PROBES = ("readout", "superposition", "intervene", "swap", "scores")
@@ -85,10 +84,11 @@ def register(subparsers) -> dict:
 def _run(a) -> None:
     from ..facts.train import TrainConfig
     from ..llm.probe import run_llm_probe
-    from ..probes import experiments as ex
+    from ..targets import check_target
+    from . import probe_runs as ex
 
     kw = {"device": a.device_obj, "seed": a.seed}
-    fact = ex.check_target(a.model) == "fact"
+    fact = check_target(a.model) == "fact"
     relations = getattr(a, "relations", None)
     if not fact and a.probe_kind in ("superposition", "swap"):
         raise UsageError(f"probe {a.probe_kind} needs a synthetic fact model (world.json); --model {a.model} is "
@@ -112,7 +112,7 @@ def _run(a) -> None:
         ex.run_superposition(a.model, ex.SuperpositionConfig(heldout_fraction=a.heldout), a.out, **kw)
     elif a.probe_kind == "intervene":
         ids = _relation_ids(relations) if fact else _relation_ids(a.relation_ids)
-        cfg = InterveneConfig(relations=ids, site=a.site, n_units=a.units, kind=a.ablation, layer=a.layer)
+        cfg = ex.InterveneConfig(relations=ids, site=a.site, n_units=a.units, kind=a.ablation, layer=a.layer)
         ex.run_intervene(a.model, cfg, a.out, **kw, **prompts)
     elif a.probe_kind == "swap":
         retrain = TrainConfig(lr=a.lr, steps=a.steps, eval_every=max(1, a.steps // 12), target_accuracy=None)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import DictConfig, bad, check_choice, check_float, check_int, check_int_list
-from ..executor import Executor, Job, LocalExecutor, merge_evaluations
+from ..config import DictConfig, bad, check_choice, check_float, check_int, check_int_list, check_type
+from ..executor import Executor, Job, LocalExecutor, memo_job, merge_evaluations
 from ..limits import check_memory
 from ..runs import RunDir, atomic_path
 from .construct import block_size_for, construct, construction_width
@@ -67,11 +67,6 @@ def _check_world_and_size(cfg) -> None:
 def _check_seed(field_: str, value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise bad(field_, value, "must be an integer")
-
-
-def _check_type(field_: str, value, cls: type) -> None:
-    if not isinstance(value, cls):
-        raise ValueError(f"{field_}: expected a {cls.__name__}, got {type(value).__name__}")
 
 
 def n_chains(subjects: int, relations: int, hops: int) -> int:
@@ -143,8 +138,8 @@ class FactsTrainConfig(DictConfig):
         if self.cot and self.hops == 1:
             raise ValueError("--cot needs --hops >= 2 (a single hop has no intermediate entity)")
         _check_chains(self.subjects, self.relations, self.hops)
-        _check_type("model", self.model, ModelSpec)
-        _check_type("train", self.train, TrainConfig)
+        check_type("model", self.model, ModelSpec)
+        check_type("train", self.train, TrainConfig)
         _check_seed("world_seed", self.world_seed)
         _check_seed("init_seed", self.init_seed)
 
@@ -297,8 +292,8 @@ class FactsCapacityConfig(DictConfig):
         check_int("mlp_width", self.mlp_width, 1)
         check_int("seeds", self.seeds, 1)
         check_float("target_accuracy", self.target_accuracy, lo=0, hi=1, lo_open=True)
-        _check_type("model", self.model, ModelSpec)
-        _check_type("train", self.train, TrainConfig)
+        check_type("model", self.model, ModelSpec)
+        check_type("train", self.train, TrainConfig)
         for e in self.embeddings:  # the model config's own checks of each regime
             FactModelConfig(2, 1, **self.model.model_kwargs(e))
 
@@ -385,17 +380,10 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
 
 def _search_job(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
                 executor: Executor, on_eval=None):
-    """One threshold search as a job: in this process it shares the live memo (saved after every training);
-    in a Ray task it gets a copy of its own evaluations and returns them with its record."""
-    if executor.in_process:
-        def fn():
-            return {"record": capacity_search(N, R, emb, seed, cfg, device, memo, on_eval=on_eval), "evaluations": {}}
-    else:
-        mine = {k: v for k, v in memo.items() if k.startswith(f"N={N} R={R} emb={emb} ") and k.endswith(f" seed={seed}")}
-
-        def fn():
-            return {"record": capacity_search(N, R, emb, seed, cfg, device, mine), "evaluations": mine}
-    return fn
+    """One threshold search as a job (:func:`mechfact.executor.memo_job`; the memo saved after every training)."""
+    return memo_job(executor, lambda m, ev: capacity_search(N, R, emb, seed, cfg, device, m, on_eval=ev), memo,
+                    lambda k: k.startswith(f"N={N} R={R} emb={emb} ") and k.endswith(f" seed={seed}"), "record",
+                    on_eval)
 
 
 def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
@@ -452,8 +440,8 @@ class MultihopConfig(DictConfig):
         for k in self.hops:
             _check_hops(k, self.model.attention)
             _check_chains(self.subjects, self.relations, k)
-        _check_type("model", self.model, ModelSpec)
-        _check_type("train", self.train, TrainConfig)
+        check_type("model", self.model, ModelSpec)
+        check_type("train", self.train, TrainConfig)
 
     def check_cost(self) -> None:
         """Refuse (one line) the largest k-hop training (direct or chain of thought) that cannot fit in memory."""

@@ -225,6 +225,14 @@ class FactModel(HookedRootModule):
     def device(self) -> torch.device:
         return self.W_E_rel.device
 
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+    def final_logits(self, resid: Float[Tensor, "... d"]) -> Float[Tensor, "... n_entities"]:
+        """Logits of last-block residual states (``blocks.0.hook_resid_post``): final norm, then ``W_U``."""
+        return self.ln_final(resid) @ self.W_U
+
     # ---- forward -----------------------------------------------------------------
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos n_entities"]:
         """Logits over the N entities at EVERY position."""

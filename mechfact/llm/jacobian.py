@@ -4,6 +4,10 @@
 prompt's last token (before the final norm); ``J[i, j] = d o_i / d s_j`` (``d_model x d_model``): the Jacobian
 of the linear relational embedding (:mod:`mechfact.llm.lre`).
 
+(One module of ~750 lines on purpose: the forward-mode rules of every block part -- norms, rotary attention in
+its three score paths, gated MLPs, Gemma's extra norms -- are one computation that must stay consistent with
+itself; the checks that fall back to the batched-copies method live beside the rules they guard.)
+
 :func:`jacobian` computes it in forward mode, all ``d_model`` input directions at once, from ONE forward pass
 of the model (batch 1) for the primal values:
 

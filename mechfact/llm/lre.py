@@ -44,6 +44,7 @@ from .lre_mechfact import BETA_SWEEP  # noqa: F401
 from .lre_operator import (LRE, decode_top, edited_logits, edited_predictions, estimate_lre,  # noqa: F401
                            patched_predictions)
 from .probe import check_prompt_options, map_relations
+from .prompts import check_template
 from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ def _results(lm: LanguageModel, relation, cfg: LreConfig, seed: int, progress: b
     if len(rels) != 1:
         raise ValueError(f"lre takes one relation; got {len(rels)} (call it once per relation)")
     rel = _capped(rels[0], cfg, seed)
-    _check_template(rel, cfg.template)
+    check_template(rel, cfg.template)
     rows, op = _evaluate(lm, rel, cfg, _layers_of(lm, cfg), seed, progress)
     if cfg.protocol == "authors":
         lre_authors.add_model_beta(rows, rows[0].get("beta", FIXED_BETA))
@@ -234,11 +235,6 @@ def best_layer_row(rows: list[dict]) -> dict:
     return lre_mechfact.relation_row(rows)
 
 
-def _check_template(rel: Relation, template: int) -> None:
-    if template >= len(rel.prompt_templates):
-        raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
-
-
 def _relation_job(cfg: LreConfig, layers: list[int], seed: int, rel: Relation, device: str) -> list[dict]:
     """One relation's rows in an executor worker (which loads ``cfg.model`` once)."""
     rows, _ = _evaluate(worker_model(cfg.model, device, cfg.dtype), rel, cfg, layers, seed, False)
@@ -278,7 +274,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = _layers_of(lm, cfg)
     for r in rels:
-        _check_template(r, cfg.template)
+        check_template(r, cfg.template)
     run = RunDir(out, cfg, kind="llm.lre", seed=seed, device=str(lm.device), model_id=lm.model_id)
     result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "layer": layers[0] if len(layers) == 1
                               else None, "layers": layers, "config": cfg.to_dict(), "per_relation": [],

@@ -246,3 +246,48 @@ def plot_families(runs: dict, path) -> None:
     b.set_title("countries, prompt " + (repr(prompts.pop()) if len(prompts) == 1 else "per model"), fontsize=10)
     b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save(fig, path)
+
+
+TRACE_LABELS = {"first_subject": "first subject token", "middle_subject": "middle subject tokens",
+                "last_subject": "last subject token", "first_after": "first subsequent token",
+                "further": "further tokens", "last": "last token"}
+
+
+def plot_trace(result: dict, path) -> None:
+    """Per kind (a row): the average indirect effect as a heatmap (token bucket x layer) over every traced fact,
+    and the last-subject-token and last-token curves with their 95% bootstrap bands."""
+    pooled = result.get("pooled") or {}
+    kinds = [k for k in pooled if pooled[k].get("aie")]
+    if not kinds:
+        return
+    fig, axes = subplots(len(kinds), 2, figsize=(11.0, 2.6 * len(kinds)), squeeze=False, layout="constrained")
+    for (ax_h, ax_l), kind in zip(axes, kinds):
+        s = pooled[kind]
+        buckets = list(TRACE_LABELS)
+        layers = [r["layer"] for r in s["aie"][buckets[0]]]
+        grid = np.array([[np.nan if r["aie"] is None else r["aie"] for r in s["aie"][b]] for b in buckets])
+        vmax = max(1e-6, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
+        im = ax_h.imshow(grid, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+        ax_h.set_yticks(range(len(buckets)), [TRACE_LABELS[b] for b in buckets], fontsize=7)
+        step = max(1, len(layers) // 10)
+        ax_h.set_xticks(range(0, len(layers), step), [("emb" if l < 0 else str(l)) for l in layers[::step]],
+                        fontsize=7)
+        ax_h.set_xlabel("layer", fontsize=8)
+        ax_h.set_title(f"{kind}: average indirect effect ({s['n_facts']} known facts; total effect "
+                       f"{s['total_effect']:.2f})", fontsize=8)
+        fig.colorbar(im, ax=ax_h, shrink=0.8)
+        for b, color in (("last_subject", "tab:red"), ("last", "tab:blue")):
+            rows = s["aie"][b]
+            x = [r["layer"] for r in rows]
+            y = [np.nan if r["aie"] is None else r["aie"] for r in rows]
+            lo = [np.nan if r["aie_ci"] is None or r["aie_ci"][0] is None else r["aie_ci"][0] for r in rows]
+            hi = [np.nan if r["aie_ci"] is None or r["aie_ci"][1] is None else r["aie_ci"][1] for r in rows]
+            ax_l.plot(x, y, "o-", ms=2, color=color, label=TRACE_LABELS[b])
+            ax_l.fill_between(x, lo, hi, color=color, alpha=0.2)
+        ax_l.axhline(0, color="k", lw=0.5)
+        ax_l.set_xlabel("layer (-1: embedding)" if -1 in layers else "layer (window centre)", fontsize=8)
+        ax_l.set_ylabel("indirect effect", fontsize=8)
+        ax_l.legend(fontsize=7)
+        ax_l.grid(lw=0.3)
+    fig.suptitle(f"Causal tracing of {result.get('model', '?')}", fontsize=9)
+    save(fig, path)

@@ -55,7 +55,7 @@ from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import DTYPES, LanguageModel, check_remote, load_model, worker_model
 from .prompts import POSITIONS as PROMPT_POSITIONS
-from .prompts import build_prompts, object_token_ids
+from .prompts import build_prompts, check_template, object_token_ids
 from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
@@ -298,12 +298,6 @@ def _probe_relation(lm: LanguageModel, rel: Relation, cfg: ProbeConfig, layers, 
     return _relation_record(rel, rs, sel), rows
 
 
-def _check_templates(rels: list[Relation], template: int) -> None:
-    for r in rels:
-        if template >= len(r.prompt_templates):
-            raise ValueError(f"--template {template}: relation {r.name} has templates 0..{len(r.prompt_templates) - 1}")
-
-
 @dataclass
 class LayerReadoutResult:
     """What :func:`layer_readout` returns: per-layer rows, per-relation facts, mean curves and, per relation, the
@@ -343,7 +337,8 @@ def layer_readout(lm: LanguageModel, relations=None, layers="all", *, seed: int 
     """
     cfg = ProbeConfig(layers=None if layers == "all" else list(layers), **options)
     rels = [r.subset(cfg.max_samples) for r in as_relations(relations, cfg.relation_names)]
-    _check_templates(rels, cfg.template)
+    for r in rels:
+        check_template(r, cfg.template)
     layers = None if cfg.layers is None else [lm.check_layer(int(l), "--layers") for l in cfg.layers]
     result = {"model": lm.name, "n_layers": lm.n_layers, "relations": [], "per_layer": []}
     for rel in rels:
@@ -388,7 +383,8 @@ def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | s
     rels = [r.subset(cfg.max_samples) for r in as_relations(cfg.relations, cfg.relation_names)]
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     layers = None if cfg.layers is None else [lm.check_layer(int(l), "--layers") for l in cfg.layers]
-    _check_templates(rels, cfg.template)
+    for r in rels:
+        check_template(r, cfg.template)
     run = RunDir(out, cfg, kind=kind, seed=seed, device=str(lm.device), model_id=lm.model_id)
     result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "relations": [], "per_layer": []})
     done = {r["relation"] for r in result["relations"]}

@@ -94,11 +94,16 @@ def prefix_match(tokenizer, token: int, objects) -> bool:
     return bool(t) and any(str(o).lower().startswith(t) for o in objects)
 
 
+def check_template(rel: Relation, template: int) -> None:
+    """ValueError naming the template index and the relation's range."""
+    if not 0 <= template < len(rel.prompt_templates):
+        raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
+
+
 def build_prompts(rel: Relation, tokenizer, bos_id: int | None, *, k: int = 3, template: int = 0,
                   seed: int = 0, examples: list[int] | None = None, samples: list[int] | None = None) -> list[Prompt]:
     """Prompts of ``samples`` (default all) with ``k`` random in-context examples, or the fixed ``examples``."""
-    if not 0 <= template < len(rel.prompt_templates):
-        raise ValueError(f"--template {template}: relation {rel.name} has templates 0..{len(rel.prompt_templates) - 1}")
+    check_template(rel, template)
     out = []
     for i in (range(len(rel)) if samples is None else samples):
         text, a, b = prompt_text(rel, i, k=k, template=template, seed=seed, examples=examples)

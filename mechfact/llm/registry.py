@@ -8,7 +8,7 @@ against the value pinned here before anything reads it; a mismatch is one
 dequantised once into a plain fp32 Hugging Face folder under
 ``$MECHFACT_CACHE/models``; a ``source.json`` there records the size and mtime
 of every part, so a later load re-verifies only when a part has changed. The
-folder's own manifest (:func:`mechfact.llm.loading.check_converted`, written
+folder's own manifest (:func:`mechfact.llm.gguf.check_converted`, written
 last) catches a partly written or damaged conversion, which is then redone.
 
 Short names (``--model NAME``): see :data:`MODELS`; ``default`` is ``smollm2-135m``.
@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..runs import atomic_path, cache_dir, read_json, write_json_atomic
+from .gguf import check_converted, convert_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +128,6 @@ def model_dir(m: PackagedModel) -> Path:
 
     The folder is checked against the manifest written with it (sizes; SHA-256 of files whose mtime changed);
     a damaged or partly written one is converted again, with a warning naming it."""
-    from .loading import check_converted, convert_gguf
-
     dest = cache_dir() / "models" / f"{m.display}-fp32"
     files = _part_files(m)
     src = dest / "source.json"

@@ -1,6 +1,10 @@
 """The geometric-recall paper's claim on a pretrained model: is a subject's hidden state a superposition of
 the vectors of its attributes under several relations?
 
+(One module of ~680 lines on purpose: the fit, its five null distributions, the partial R^2 and the
+decodability table share one set of per-fold kernel matrices, computed once per layer; split apart they would
+recompute or pass them around.)
+
 For subjects that carry R relations (default: the 73 countries of ``mechfact/data/countries`` under capital,
 continent, language, currency and demonym), at every layer::
 

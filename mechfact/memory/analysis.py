@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
-from scipy import stats
 
+from ..randmat import spectrum_summary
 from . import theory
 from .problems import MemoryProblem, Scores, accuracy, scores
 
-__all__ = ["accuracy", "scores", "score_summary", "spectrum_summary"]
+__all__ = ["accuracy", "scores", "score_summary", "spectrum_summary"]  # spectrum_summary: mechfact.randmat
 
 
 def score_summary(problem: MemoryProblem, W: torch.Tensor) -> tuple[dict, dict]:
@@ -45,26 +42,3 @@ def score_summary(problem: MemoryProblem, W: torch.Tensor) -> tuple[dict, dict]:
     }
     arrays = {"z_target": z_t, "z_max": z_m, "target": sc.target.numpy(), "comp_std": std.numpy()}
     return summary, arrays
-
-
-def _normalised(W: np.ndarray, kappa: float) -> np.ndarray:
-    s = theory.normalised_singular_values(W)
-    if kappa < 1:  # keep the m = kappa d nonzero values, renormalised
-        m = max(1, int(round(kappa * s.size)))
-        s = np.sort(s)[::-1][:m]
-        s = s / math.sqrt(np.mean(s**2))
-    return s
-
-
-def spectrum_summary(Ws: dict[str, list[np.ndarray]], kappa: float = 1.0) -> dict:
-    """Normalised singular values per named family of W (pooled over its matrices), KS distance
-    to the (truncated) quarter circle, and pairwise two-sample KS between families."""
-    sv = {}
-    for k, mats in Ws.items():
-        mats = mats if isinstance(mats, (list, tuple)) else [mats]
-        sv[k] = np.sort(np.concatenate([_normalised(np.asarray(W), kappa) for W in mats]))
-    cdf = (lambda x: theory.quarter_circle_cdf(x)) if kappa >= 1 else (lambda x: theory.truncated_quarter_circle_cdf(x, kappa))
-    ks_theory = {k: float(stats.kstest(v, cdf).statistic) for k, v in sv.items()}
-    names = list(sv)
-    ks_pairs = {f"{a}|{b}": float(stats.ks_2samp(sv[a], sv[b]).statistic) for i, a in enumerate(names) for b in names[i + 1:]}
-    return {"singular_values": {k: v.tolist() for k, v in sv.items()}, "ks_to_theory": ks_theory, "ks_pairs": ks_pairs}

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ..config import DictConfig, bad, check_choice, check_float, check_int, flag
-from ..executor import Executor, Job, LocalExecutor, merge_evaluations
+from ..config import DictConfig, bad, check_choice, check_float, check_int, check_type, flag
+from ..executor import Executor, Job, LocalExecutor, memo_job, merge_evaluations
 from ..limits import check_memory
 from ..runs import RunDir
 from . import analysis, solvers, theory
@@ -81,18 +81,13 @@ def _check_alpha_range(cfg, lo: str, hi: str) -> list[int]:
     """The checks of a search over loads (sweep, capacity): d values, seeds, solver, 0 < lo < hi. Returns d."""
     ds = _check_ds(cfg.d)
     _check_seeds(cfg.seeds)
-    _check_type("solver", cfg.solver, SolverConfig)
+    check_type("solver", cfg.solver, SolverConfig)
     a, b = getattr(cfg, lo), getattr(cfg, hi)
     _check_num(lo, a)
     _check_num(hi, b)
     if not (0 < a < b):
         raise ValueError(f"{flag(lo)} {a} / {flag(hi)} {b}: need 0 < {flag(lo)[2:]} < {flag(hi)[2:]}")
     return ds
-
-
-def _check_type(field_: str, value, cls: type) -> None:
-    if not isinstance(value, cls):
-        raise ValueError(f"{field_}: expected a {cls.__name__}, got {type(value).__name__}")
 
 
 MAX_POINTS = 10_000  # loads per d of a sweep
@@ -172,7 +167,7 @@ class SolverConfig(DictConfig):
         if self.method == "separable" and self.kappa != 1.0:
             raise bad("kappa", self.kappa, "method separable is exact only for full rank (kappa 1); "
                       "the rank-constrained problem is not a linear program")
-        _check_type("train", self.train, MemoryTrainConfig)
+        check_type("train", self.train, MemoryTrainConfig)
 
 
 def solve(problems: list[MemoryProblem], s: SolverConfig, device: torch.device) -> list[dict]:
@@ -360,18 +355,10 @@ def fit_extrapolation(caps: list[dict]) -> dict:
 
 def _search_job(d: int, seeds: list[int], s: SolverConfig, cfg: CapacityConfig, device: torch.device,
                 memo: dict[str, bool], executor: Executor, on_eval=None):
-    """One capacity search as a job. In this process it shares the live memo and saves it after every round;
-    elsewhere (a Ray task) it gets a copy of its own evaluations and returns them with its records."""
-    if executor.in_process:
-        def fn():
-            return {"records": capacity_search(d, seeds, s, cfg, device, memo, on_eval=on_eval), "evaluations": {}}
-    else:
-        prefixes = tuple(f"{d},{sd}," for sd in seeds)
-        mine = {k: v for k, v in memo.items() if k.startswith(prefixes)}
-
-        def fn():
-            return {"records": capacity_search(d, seeds, s, cfg, device, mine), "evaluations": mine}
-    return fn
+    """One capacity search as a job (:func:`mechfact.executor.memo_job`; the memo saved after every round)."""
+    prefixes = tuple(f"{d},{sd}," for sd in seeds)
+    return memo_job(executor, lambda m, ev: capacity_search(d, seeds, s, cfg, device, m, on_eval=ev), memo,
+                    lambda k: k.startswith(prefixes), "records", on_eval)
 
 
 def _merge_evaluations(memo: dict, out: dict) -> list[dict]:
@@ -426,7 +413,7 @@ class ScoresConfig(DictConfig):
         check_choice("problem", self.problem, PROBLEMS)
         _check_kappa("kappa", self.kappa)
         _check_positive("alpha", self.alpha)
-        _check_type("train", self.train, MemoryTrainConfig)
+        check_type("train", self.train, MemoryTrainConfig)
 
     def check_cost(self) -> None:
         p = p_for_alpha(self.alpha, self.d)
@@ -467,7 +454,7 @@ class SpectrumConfig(DictConfig):
         _check_positive("alpha", self.alpha)
         _check_kappa("kappa", self.kappa)
         _check_seeds(self.seeds)
-        _check_type("train", self.train, MemoryTrainConfig)
+        check_type("train", self.train, MemoryTrainConfig)
 
     def check_cost(self) -> None:
         """Both problems are trained (one after the other): the decoupled one, with its dense competitors, dominates."""
@@ -522,7 +509,7 @@ class RankConfig(DictConfig):
             _check_kappa("kappas", k)
         _check_seeds(self.seeds)
         check_choice("problem", self.problem, PROBLEMS)
-        _check_type("train", self.train, MemoryTrainConfig)
+        check_type("train", self.train, MemoryTrainConfig)
         _check_rel_tol(self.rel_tol)
 
     def check_cost(self) -> None:

@@ -104,23 +104,30 @@ class MemoryTrainConfig(DictConfig):
         check_float("dp_memory_gb", self.dp_memory_gb, lo=0, lo_open=True)
 
 
-def train_bytes(kind: str, d: int, p: int, n_problems: int = 1, kappa: float = 1.0, active_set: int = 0) -> float:
-    """Estimated peak bytes of :func:`train` on ``n_problems`` problems of size up to ``p`` (measured on CPU:
-    within ~1.5x). Dominant terms: the (B, p, p) float32 scores, their copies in the loss and its backward
-    (about 6.5 of them; 3 with an active set), the dense (B, p, p-1, d) decoupled competitors (held twice
-    while they are built or re-packed), and about 13 (d, d) matrices per problem (W, its gradient, Adam's
-    moments, the best and initial W)."""
+def train_bytes(kind: str, d: int, p: int, n_problems: int = 1, kappa: float = 1.0, active_set: int = 0,
+                device: str = "cpu") -> float:
+    """Estimated peak bytes of :func:`train` on ``n_problems`` problems of size up to ``p``. Dominant terms: the
+    (B, p, p) float32 scores and their copies in the loss and its backward (about 6.5 of them; 3 with an active
+    set) -- on CPU without an active set the fused pass holds one cache-sized chunk of them at a time, and what
+    remains grows as ~1 byte per (B, p, p) entry (measured: 21 MB at p = 3000, B = 2; 116 MB at p = 8000;
+    36 MB at p = 3000, B = 4, d = 64, but the same run can peak anywhere in 19-71 MB) -- the dense (B, p, p-1, d)
+    decoupled competitors (generated once on CPU: 71 MB measured at p = 1000, d = 16; held twice on a GPU while
+    they are re-packed), and about 13 (d, d) matrices per problem (W, its gradient, Adam's moments, the best
+    and initial W)."""
     B, P, f = int(n_problems), int(p), 4.0
     m = max(1, int(round(kappa * d)))
     K = active_set if active_set and active_set < P - 1 else 0
     sq = f * B * P * P
     need = f * B * (13 * d * d + (6 * d * m if m < d else 0))  # W, grads, Adam state, best / initial W
     need += f * B * P * d * 8  # E, T (padded and as generated), V and its gradient
-    need += (3 if K else 6.5) * sq  # scores, their masked copies, the loss's concatenation and backward
+    if device == "cpu" and not K and kind == "original":
+        need += 0.25 * sq + 4 * CHUNK_BYTES  # the fused pass: chunks of scores; ~1 byte per (B, p, p) entry left
+    else:
+        need += (3 if K else 6.5) * sq  # scores, their masked copies, the loss's concatenation and backward
     if K:
         need += f * B * P * K * d * 3  # gathered active candidates and their gradient
-    if kind == "decoupled":
-        need += 2 * f * B * P * (P - 1) * d  # dense competitors (+ one problem's copy / a re-packed subset)
+    if kind == "decoupled":  # dense competitors (GPU: + one problem's copy / a re-packed subset)
+        need += (1 if device == "cpu" else 2) * f * B * P * (P - 1) * d
     return need + 4096.0 * B  # per-problem Python objects
 
 

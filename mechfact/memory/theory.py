@@ -11,71 +11,12 @@
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-from scipy import integrate, optimize, stats
+from ..randmat import (energy_fraction, evt_sqrt, expected_max_gaussian, normalised_singular_values,  # noqa: F401
+                       quarter_circle_cdf, quarter_circle_pdf, quarter_circle_quantile_top,
+                       truncated_quarter_circle_cdf, truncated_quarter_circle_pdf)
 
 ALPHA_OPTIMAL = 0.5
 ALPHA_HEBB = 0.125
-
-
-def evt_sqrt(n: int) -> float:
-    """Asymptotic maximum of n standard Gaussians: sqrt(2 ln n)."""
-    return math.sqrt(2 * math.log(n))
-
-
-def expected_max_gaussian(n: int) -> float:
-    """E[max of n i.i.d. N(0,1)] = int x n phi(x) Phi(x)^(n-1) dx (exact, numerical)."""
-    if n < 1:
-        raise ValueError(f"n={n}: need n >= 1")
-    f = lambda x: x * n * stats.norm.pdf(x) * np.exp((n - 1) * stats.norm.logcdf(x))
-    val, _ = integrate.quad(f, -10, 12, limit=200, points=[0.0, math.sqrt(2 * math.log(max(n, 2)))])
-    return float(val)
-
-
-# ---- quarter-circle law (singular values of a square Gaussian matrix) --------------
-
-def quarter_circle_pdf(x: np.ndarray) -> np.ndarray:
-    """Density of singular values with E[s^2] = 1: (1/pi) sqrt(4 - x^2) on [0, 2]."""
-    x = np.asarray(x, dtype=float)
-    return np.where((x >= 0) & (x <= 2), np.sqrt(np.clip(4 - x * x, 0, None)) / math.pi, 0.0)
-
-
-def quarter_circle_cdf(x: np.ndarray) -> np.ndarray:
-    x = np.clip(np.asarray(x, dtype=float), 0, 2)
-    return (x * np.sqrt(4 - x * x) / 2 + 2 * np.arcsin(x / 2)) / math.pi
-
-
-def quarter_circle_quantile_top(kappa: float) -> float:
-    """s_kappa with P(s > s_kappa) = kappa under the quarter-circle law."""
-    if kappa >= 1:
-        return 0.0
-    return float(optimize.brentq(lambda s: 1 - quarter_circle_cdf(s) - kappa, 0.0, 2.0))
-
-
-def truncated_quarter_circle_pdf(x: np.ndarray, kappa: float) -> np.ndarray:
-    """Law of the top kappa-fraction of quarter-circle singular values, rescaled to E[s^2]=1."""
-    s0 = quarter_circle_quantile_top(kappa)
-    scale = math.sqrt(energy_fraction(kappa) / kappa)  # RMS of the kept values before rescaling
-    x = np.asarray(x, dtype=float) * scale
-    return np.where(x >= s0, quarter_circle_pdf(x) / kappa, 0.0) * scale
-
-
-def truncated_quarter_circle_cdf(x: np.ndarray, kappa: float) -> np.ndarray:
-    s0 = quarter_circle_quantile_top(kappa)
-    scale = math.sqrt(energy_fraction(kappa) / kappa)
-    x = np.asarray(x, dtype=float) * scale
-    return np.clip((quarter_circle_cdf(np.maximum(x, s0)) - quarter_circle_cdf(s0)) / kappa, 0, 1)
-
-
-def energy_fraction(kappa: float) -> float:
-    """Share of E[s^2] carried by the top kappa-fraction: int_{s_kappa}^2 s^2 rho(s) ds."""
-    if kappa >= 1:
-        return 1.0
-    s0 = quarter_circle_quantile_top(kappa)
-    val, _ = integrate.quad(lambda s: s * s * quarter_circle_pdf(s), s0, 2.0)
-    return float(val)
 
 
 def alpha_c_rank_dof(kappa: float) -> float:
@@ -86,9 +27,3 @@ def alpha_c_rank_dof(kappa: float) -> float:
 def alpha_c_rank_energy(kappa: float) -> float:
     """Candidate 2: alpha_c(kappa) = (1/2) * int_{s_kappa}^2 s^2 rho_qc(s) ds (quarter-circle integral)."""
     return ALPHA_OPTIMAL * energy_fraction(kappa)
-
-
-def normalised_singular_values(W) -> np.ndarray:
-    """Singular values of W scaled to unit mean square (so laws compare without scale)."""
-    s = np.linalg.svd(np.asarray(W, dtype=np.float64), compute_uv=False)
-    return s / math.sqrt(np.mean(s**2))

@@ -3,7 +3,7 @@
 An :class:`Intervention` says WHERE (hook point, position, unit indices) and
 WHAT (``kind``)::
 
-    zero / ablate  set the units to 0 (for post-ReLU units: switch them off)
+    zero           set the units to 0 (for post-ReLU units: switch them off); ``ablate`` is accepted for it
     mean           set the units to their mean over the clean run of the same queries
     set            set the units to ``values`` (one per unit, or one for all)
     patch          copy the units from a SOURCE run (another query set, row-aligned)
@@ -33,7 +33,8 @@ import torch
 from .. import hooks
 from .queries import ProbeSet, as_probe_set, check_hooks, check_position, check_relation, logits_of, model_device
 
-KINDS = ("zero", "ablate", "mean", "set", "patch")
+KINDS = ("zero", "mean", "set", "patch")
+KIND_ALIASES = {"ablate": "zero"}  # accepted on input, stored as the canonical name
 
 
 @dataclass
@@ -45,8 +46,9 @@ class Intervention:
     values: list[float] | None = None  # for kind="set"
 
     def __post_init__(self) -> None:
+        self.kind = KIND_ALIASES.get(self.kind, self.kind)
         if self.kind not in KINDS:
-            raise ValueError(f"intervention kind {self.kind!r}: allowed {', '.join(KINDS)}")
+            raise ValueError(f"intervention kind {self.kind!r}: allowed {', '.join(KINDS)} (ablate = zero)")
         self.position = check_position(self.position)
         if self.kind == "set" and self.values is None:
             raise ValueError("kind='set' needs values")
@@ -99,7 +101,7 @@ def run_with_interventions(model, ps: ProbeSet, interventions: list[Intervention
             _check_units(iv, act.shape[-1])
             act = act.clone()
             idx = _select(act, pos, iv.units)
-            if iv.kind in ("zero", "ablate"):
+            if iv.kind == "zero":
                 act[idx] = 0.0
             elif iv.kind == "set":
                 act[idx] = torch.as_tensor(iv.values, dtype=act.dtype, device=act.device)

@@ -93,7 +93,7 @@ def plot_scores(result: dict, path) -> None:
     a.set_xlabel("logit in competitor-std units")
     a.legend(fontsize=7)
     a.set_title("Scores")
-    from ..memory.theory import quarter_circle_pdf
+    from ..randmat import quarter_circle_pdf
 
     for name, sv in result["spectra"]["singular_values"].items():
         b.hist(sv, bins=30, histtype="step", density=True, label=name)

@@ -32,7 +32,6 @@ of a subject on one side (:func:`group_folds`, :func:`subject_splits`).
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
@@ -42,8 +41,9 @@ import numpy as np
 from .. import hooks, stats
 from ..config import check_float
 from ..seeding import derive_seed
+from .fitters import KINDS, _as2d, _baseline_estimates, _baselines, _check_strengths, _fitter
+from .folds import group_folds, outer_fold_count, split_indices, subject_splits  # noqa: F401 (their home was here)
 
-KINDS = ("classifier", "vector")
 REPORTED = ("accuracy", "control_accuracy", "chance", "prior_baseline", "ceiling")
 
 
@@ -73,172 +73,6 @@ class ReadoutScore:
         out = asdict(self)
         out.update({f"{k}_n": self.n_test for k in REPORTED})
         return out
-
-
-def split_indices(n: int, heldout_fraction: float = 0.25, seed: int = 0, tag: str = "readout.split"
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded (train, test) split of ``range(n)``; both parts non-empty."""
-    if n < 2:
-        raise ValueError(f"n={n}: a train/test split needs at least 2 items")
-    if not 0.0 < heldout_fraction < 1.0:
-        raise ValueError(f"heldout_fraction={heldout_fraction}: must lie in (0, 1)")
-    perm = np.random.default_rng(derive_seed(seed, tag)).permutation(n)
-    n_test = min(n - 1, max(1, int(round(heldout_fraction * n))))
-    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
-
-
-def group_folds(groups, k: int, seed: int = 0, strata=None, tag: str = "readout.folds") -> np.ndarray:
-    """The fold (0..k-1) of every item; all items of one group (subject) share a fold.
-
-    Groups are dealt round-robin to the folds in a seeded random order, so fold sizes differ by at most one
-    group. ``strata`` (one label per item, e.g. the object; a group takes its first item's): the groups are
-    ordered by stratum (strata in random order) before the deal, so each stratum is spread evenly over the
-    folds. A stratum of one group lands in a random fold like any other group: no stratum is forced into a
-    fold.
-    """
-    g = np.asarray(groups)
-    if g.ndim != 1 or len(g) == 0:
-        raise ValueError(f"groups has shape {g.shape}: expected one label per item")
-    uniq, first, inv = np.unique(g, return_index=True, return_inverse=True)
-    if not 2 <= k <= len(uniq):
-        raise ValueError(f"{len(uniq)} groups (subjects) cannot fill {k} folds (need 2 <= folds <= groups)")
-    rng = np.random.default_rng(derive_seed(seed, tag))
-    order = rng.permutation(len(uniq))
-    if strata is not None:
-        s = np.asarray(strata)
-        if s.shape != g.shape:
-            raise ValueError(f"strata has shape {s.shape}: expected {g.shape}, one label per item")
-        _, code = np.unique(s[first], return_inverse=True)
-        rank = rng.permutation(int(code.max()) + 1)[code]
-        order = order[np.argsort(rank[order], kind="stable")]
-    fold_of_group = np.empty(len(uniq), dtype=np.int64)
-    fold_of_group[order] = (np.arange(len(uniq)) + int(rng.integers(k))) % k
-    return fold_of_group[inv.ravel()]
-
-
-def outer_fold_count(heldout_fraction: float) -> int:
-    """Folds of the subjects whose one part is the held-out share: ``round(1 / heldout_fraction)``, at least 2."""
-    check_float("heldout", heldout_fraction, lo=0, hi=1, lo_open=True, hi_open=True)
-    return max(2, int(round(1.0 / heldout_fraction)))
-
-
-def subject_splits(groups, heldout_fraction: float = 0.25, n_splits: int | None = None, seed: int = 0,
-                   strata=None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(train, test) index splits by group (subject): every fact of a subject lies on one side.
-
-    The groups are dealt into ``K = round(1 / heldout_fraction)`` folds (:func:`group_folds`, optionally
-    stratified); split ``i`` holds out fold ``i``. The held-out parts are disjoint, so pooled over the splits
-    every scored item is scored once; ``n_splits`` (default ``K``, at most ``K``) of them are used.
-    """
-    k = outer_fold_count(heldout_fraction)
-    n_splits = k if n_splits is None else int(n_splits)
-    if not 1 <= n_splits <= k:
-        raise ValueError(f"--splits {n_splits}: the held-out parts are disjoint folds, between 1 and {k} with "
-                         f"--heldout {heldout_fraction:g}")
-    fold = group_folds(groups, k, seed, strata, "readout.outer")
-    return [(np.flatnonzero(fold != f), np.flatnonzero(fold == f)) for f in range(n_splits)]
-
-
-def _check_strengths(alpha: float, C: float) -> None:
-    """Ridge ``alpha`` and logistic ``C``: finite and positive (scikit-learn's own errors name neither flag)."""
-    check_float("alpha", alpha, lo=0, lo_open=True)
-    check_float("C", C, lo=0, lo_open=True)
-
-
-def _as2d(x, name: str) -> np.ndarray:
-    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64)
-    if a.ndim != 2:
-        raise ValueError(f"{name} has shape {a.shape}: expected (n, features)")
-    return a
-
-
-def _predict_classifier(X_tr, y_tr, X_te, C: float, max_iter: int) -> np.ndarray:
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-
-    if len(np.unique(y_tr)) < 2:  # nothing to learn: predict the only class
-        return np.full(len(X_te), y_tr[0], dtype=np.int64)
-    scaler = StandardScaler().fit(X_tr)
-    Z_tr, Z_te = scaler.transform(X_tr), scaler.transform(X_te)
-    if Z_tr.shape[1] > Z_tr.shape[0]:
-        # fewer items than features: the L2-penalised weights lie in the span of the (centred) training rows, so
-        # the fit in the coordinates of that span has the same optimum, and is found faster
-        _, sv, Vt = np.linalg.svd(Z_tr, full_matrices=False)
-        basis = Vt[sv > sv[0] * 1e-10].T if sv[0] > 0 else Vt[:1].T
-        Z_tr, Z_te = Z_tr @ basis, Z_te @ basis
-    with warnings.catch_warnings():  # small inner folds: many classes for few items is expected, not a mistake
-        warnings.filterwarnings("ignore", message="The number of unique classes", category=UserWarning)
-        clf = LogisticRegression(C=C, max_iter=max_iter).fit(Z_tr, y_tr)
-    return np.asarray(clf.predict(Z_te), dtype=np.int64)
-
-
-def _predict_vector(X_tr, V_tr, X_te, candidates: np.ndarray, alpha: float) -> np.ndarray:
-    from sklearn.linear_model import Ridge
-
-    reg = Ridge(alpha=alpha, fit_intercept=True).fit(X_tr, V_tr)
-    pred = reg.predict(X_te)
-    pn = pred / np.maximum(np.linalg.norm(pred, axis=1, keepdims=True), 1e-12)
-    cn = candidates / np.maximum(np.linalg.norm(candidates, axis=1, keepdims=True), 1e-12)
-    return np.argmax(pn @ cn.T, axis=1).astype(np.int64)
-
-
-@dataclass
-class _Fitter:
-    """One kind of readout: ``predict(X_tr, y_tr, X_te)`` -> predicted object ids of ``X_te``."""
-
-    kind: str
-    candidates: np.ndarray | None = None  # (K, k) object vectors, vector kind
-    C: float = 1.0
-    alpha: float = 1.0
-    max_iter: int = 2000
-
-    def predict(self, X_tr, y_tr, X_te) -> np.ndarray:
-        if self.kind == "classifier":
-            return _predict_classifier(X_tr, y_tr, X_te, self.C, self.max_iter)
-        return _predict_vector(X_tr, self.candidates[y_tr], X_te, self.candidates, self.alpha)
-
-
-def _fitter(kind: str, y: np.ndarray, object_vectors, C: float, alpha: float, max_iter: int) -> _Fitter:
-    if kind not in KINDS:
-        raise ValueError(f"kind={kind!r}: allowed {KINDS}")
-    _check_strengths(alpha, C)
-    if kind == "classifier":
-        return _Fitter(kind, None, C, alpha, max_iter)
-    if object_vectors is None:
-        raise ValueError("kind='vector' needs object_vectors (n_objects, k)")
-    V = _as2d(object_vectors, "object_vectors")
-    if len(y) and (y.min() < 0 or y.max() >= V.shape[0]):
-        raise ValueError(f"object ids span {y.min()}..{y.max()}: allowed 0..{V.shape[0] - 1} (rows of object_vectors)")
-    return _Fitter(kind, V, C, alpha, max_iter)
-
-
-def _baselines(fit: _Fitter, y_tr: np.ndarray, y_te: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """Per test item: (majority guess right -- None for the vector kind, whose chance is 1 / #candidates --,
-    probability of its object under the training prior, whether the readout can name its object at all)."""
-    if fit.kind == "vector":
-        k = fit.candidates.shape[0]
-        return None, np.full(len(y_te), 1.0 / k), np.ones(len(y_te), dtype=bool)
-    vals, counts = np.unique(y_tr, return_counts=True)
-    p_train = dict(zip(vals.tolist(), (counts / counts.sum()).tolist()))
-    return (y_te == vals[np.argmax(counts)], np.array([p_train.get(int(v), 0.0) for v in y_te]),
-            np.isin(y_te, vals))
-
-
-def _exact(value: float, n: int) -> stats.Estimate:
-    return stats.Estimate(value, value, value, n, "exact")
-
-
-def _baseline_estimates(fit: _Fitter, majority, prior: np.ndarray, reach: np.ndarray, seed: int) -> dict:
-    """``chance`` (Wilson of the majority guess; exact 1 / #candidates for the vector kind), ``prior_baseline``
-    (bootstrap over test items of each item's prior probability; exact for the vector kind), ``ceiling`` (Wilson;
-    exact 1 for the vector kind)."""
-    n = len(prior)
-    if fit.kind == "vector":
-        c = float(prior[0]) if n else None
-        return {"chance": _exact(c, n), "prior_baseline": _exact(c, n), "ceiling": _exact(1.0 if n else None, n)}
-    return {"chance": stats.accuracy(majority),
-            "prior_baseline": stats.bootstrap(prior, seed=derive_seed(seed, "readout.prior")),
-            "ceiling": stats.accuracy(reach)}
 
 
 def linear_readout(features, objects: Sequence[int], train_idx, test_idx, *, kind: str = "classifier",

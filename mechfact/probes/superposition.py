@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from ..seeding import derive_seed, generator
+from .folds import kfold, split_indices  # noqa: F401 (kfold: its home was here)
 
 ALPHAS = np.logspace(-8, 2, 11)
 
@@ -197,9 +198,8 @@ def attribute_coadaptation(attributes, perms, train_subjects, heldout_subjects) 
 
 
 def split_entities(n: int, heldout_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    perm = np.random.default_rng(derive_seed(seed, "probes.subject_split")).permutation(n)
-    k = min(n - 1, max(1, int(round(heldout_fraction * n))))
-    return np.sort(perm[k:]), np.sort(perm[:k])
+    """(train, held-out) subjects of the superposition fit (:func:`~mechfact.probes.folds.split_indices`)."""
+    return split_indices(n, heldout_fraction, seed, "probes.subject_split")
 
 
 # ---- cross-validated kernel ridge, vectorised over null draws -----------------------------------------------
@@ -212,20 +212,6 @@ def split_entities(n: int, heldout_fraction: float = 0.2, seed: int = 0) -> tupl
 # small matrix products per draw. Nothing of size d_model or R * k is formed per draw.
 
 GCV_ALPHAS = np.logspace(-4, 4, 17)  # ridge strengths, relative to the mean eigenvalue of the centred training kernel
-
-
-def kfold(n: int, folds: int = 5, repeats: int = 1, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(train, test) index pairs of ``repeats`` seeded k-fold partitions of ``range(n)``; every subject is held
-    out once per repeat."""
-    if not 2 <= folds <= n:
-        raise ValueError(f"folds={folds}: need 2 <= folds <= {n} subjects")
-    out = []
-    for rep in range(repeats):
-        perm = np.random.default_rng(derive_seed(seed, "probes.superposition.kfold", rep)).permutation(n)
-        for te in np.array_split(perm, folds):
-            te = np.sort(te)
-            out.append((np.setdiff1d(np.arange(n), te), te))
-    return out
 
 
 def code_kernel(gram: np.ndarray, perms: np.ndarray) -> np.ndarray:

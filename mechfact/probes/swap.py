@@ -7,8 +7,9 @@ unembedding (also when tied) -- stays exactly as trained.
 * zero-shot: new random bijections ``pi'_r``; embeddings BUILT from the fitted
   superposition maps, ``x'_s = c + sum_r v_{pi'_r(s)} M_r`` (no training);
 * retrained: fresh random embeddings trained on the new facts, all else frozen
-  (:func:`retrain_embeddings`: a copy of the model trained by
-  :func:`mechfact.facts.train.train` with every other tensor in ``freeze``);
+  (:func:`retrain_embeddings`: a copy of the model trained by the caller's
+  :class:`~mechfact.probes.protocols.Retrainer` with every other tensor frozen;
+  :func:`mechfact.targets.freeze_and_swap` passes the trainer of :mod:`mechfact.facts`);
 * control: the same retraining on the ORIGINAL facts (how fast the frozen
   network lets embeddings relearn facts it was built for);
 * zero-shot control: embeddings built from the maps for yet another random
@@ -26,13 +27,9 @@ import numpy as np
 import torch
 
 from .. import hooks
-from ..facts.evaluate import evaluate
-from ..facts.train import TrainConfig, train
-from ..facts.world import FactWorld
+from .protocols import FactWorldLike, HookedModel, Retrainer
 from .queries import ProbeSet, accuracy, model_device
 from .superposition import SuperpositionFit, fit_superposition
-
-RETRAIN = TrainConfig(lr=1e-2, steps=300, eval_every=25, target_accuracy=None)  # freeze-and-swap's default
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +63,13 @@ def embedding_hook(table: torch.Tensor, ps: ProbeSet, idx=slice(None)):
     return (hooks.embed(), hook)
 
 
-def retrain_embeddings(model, world: FactWorld, init: torch.Tensor, cfg: TrainConfig = RETRAIN) -> list[dict]:
+def retrain_embeddings(model: HookedModel, world: FactWorldLike, init: torch.Tensor, retrain: Retrainer) -> list[dict]:
     """Train fresh subject embeddings ``init`` (N, d) on ``world``'s facts through the frozen network.
 
     A copy of ``model`` gets ``init`` as its (trainable) entity embeddings and keeps its unembedding fixed
-    as trained (also when it was tied to the embeddings); :func:`~mechfact.facts.train.train` then trains
-    it with every other tensor frozen. ``model`` itself is not touched. Returns the accuracy curve,
-    ``[{"step", "loss", "accuracy"}]`` from step 0.
+    as trained (also when it was tied to the embeddings); ``retrain`` then trains it with every other tensor
+    frozen. ``model`` itself is not touched. Returns the accuracy curve, ``[{"step", "loss", "accuracy"}]``
+    from step 0.
     """
     W_U = model.W_U.detach().clone()
     m = copy.deepcopy(model)
@@ -82,15 +79,18 @@ def retrain_embeddings(model, world: FactWorld, init: torch.Tensor, cfg: TrainCo
     m.cfg = dataclasses.replace(m.cfg, tied=False)
     m.W_E_ent = torch.nn.Parameter(init.clone().to(W_U.device))
     m.register_buffer("W_U_ent", W_U)
-    freeze = sorted({n for n, _ in m.named_parameters() if n != "W_E_ent"} | set(cfg.freeze))
-    cfg = dataclasses.replace(cfg, freeze=freeze, l2_only=[n for n in cfg.l2_only if n not in freeze])
-    start = {"step": 0, "loss": float("nan"), "accuracy": evaluate(m, world)["accuracy"]}
-    return [start, *train(m, world, cfg, device=model_device(model))["history"]]
+    frozen = [n for n, _ in m.named_parameters() if n != "W_E_ent"]
+    return retrain(m, world, frozen, model_device(model))
 
 
-def check_new_seed(world: FactWorld, new_seed: int) -> FactWorld:
+def _world_like(world: FactWorldLike, seed: int) -> FactWorldLike:
+    """Another world of ``world``'s shape and kind, drawn with ``seed``."""
+    return type(world)(world.n_entities, world.n_relations, seed=seed, attributes=world.n_attributes)
+
+
+def check_new_seed(world: FactWorldLike, new_seed: int) -> FactWorldLike:
     """The world of the new facts; ValueError when ``new_seed`` reproduces the model's own world."""
-    new = FactWorld(world.n_entities, world.n_relations, seed=new_seed, attributes=world.n_attributes)
+    new = _world_like(world, new_seed)
     if torch.equal(new.perms, world.perms):
         raise ValueError(f"--new-seed {new_seed}: reproduces the model's own world (the same facts); pick another")
     return new
@@ -114,22 +114,22 @@ class SwapResult:
         return asdict(self)
 
 
-def freeze_and_swap(model, world: FactWorld, *, new_seed: int = 1, retrain: TrainConfig | None = None,
+def freeze_and_swap(model: HookedModel, world: FactWorldLike, *, retrain: Retrainer, new_seed: int = 1,
                     sfit: SuperpositionFit | None = None, seed: int = 0) -> SwapResult:
     """Zero-shot and retrained transfer to a new random world (module docstring).
 
-    ``retrain``: how the fresh embeddings are trained (default :data:`RETRAIN`: Adam lr 1e-2, 300 steps);
-    ``sfit``: superposition maps already fitted on the model (default: fitted here on every subject);
-    ``seed``: the fresh embeddings' initialisation.
+    ``retrain``: trains the fresh embeddings (:class:`~mechfact.probes.protocols.Retrainer`; for a fact model
+    :func:`mechfact.targets.freeze_and_swap` passes :func:`mechfact.targets.fact_retrainer`, default Adam lr
+    1e-2, 300 steps); ``sfit``: superposition maps already fitted on the model (default: fitted here on every
+    subject); ``seed``: the fresh embeddings' initialisation.
     """
-    retrain = retrain or RETRAIN
-    N, R = world.n_entities, world.n_relations
+    N = world.n_entities
     X = subject_embeddings(model, N)
     V = attribute_vectors(model, N)
     if sfit is None:
         sfit = fit_superposition(X, V, world.perms, np.arange(N))
     new = check_new_seed(world, new_seed)
-    other = FactWorld(N, R, seed=new_seed + 7919, attributes=world.n_attributes)
+    other = _world_like(world, new_seed + 7919)
     ps_new, ps_old = ProbeSet.from_world(new), ProbeSet.from_world(world)
     dev = model_device(model)
     zero = accuracy(model, ps_new, [embedding_hook(sfit.build(V, new.perms).to(dev), ps_new)])

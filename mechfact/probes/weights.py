@@ -4,11 +4,11 @@ Scores: per query, the target logit and the N-1 competitor logits at the answer
 position, in units of that query's competitor std (as for linear memories):
 ``z_target = (target - mean) / std`` and ``z_max = (max competitor - mean) / std``,
 with the extreme-value line ``sqrt(2 ln(N-1))`` and the exact expected maximum of
-N-1 Gaussians (:mod:`mechfact.memory.theory`).
+N-1 Gaussians (:mod:`mechfact.randmat`).
 
 Spectra: singular values (normalised to unit mean square, compared with the
 quarter-circle law of a random square matrix by
-:func:`mechfact.memory.analysis.spectrum_summary`) of
+:func:`mechfact.randmat.spectrum_summary`) of
 
 * ``W_in W_out`` (the MLP as if linear) and, per relation r, the effective map
   ``W_in diag(g_r) W_out`` where ``g_r`` is the fraction of relation-r queries
@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from .. import hooks
-from ..memory import theory
-from ..memory.analysis import spectrum_summary
+from .. import randmat as theory
+from ..randmat import spectrum_summary
 from .patching import run_with_interventions
+from .protocols import HookedModel
 from .queries import ProbeSet, check_hooks, model_device
 
 
@@ -77,7 +78,7 @@ def gate_fractions(model, ps: ProbeSet, site: str | None = None) -> np.ndarray:
     return np.stack([(pre[ps.relations == r] > 0).double().mean(0).numpy() for r in ps.relation_ids])
 
 
-def scores_and_spectra(model, queries, layer: int = 0) -> ScoresResult:
+def scores_and_spectra(model: HookedModel, queries, layer: int = 0) -> ScoresResult:
     """Both analyses, at the MLP of block ``layer`` (needs ``blocks[layer].mlp.W_in/W_out`` and ``W_U``).
 
     ``queries``: a ProbeSet or a FactWorld. For a gated MLP (pretrained Llama / Qwen / Phi) ``W_in W_out``

@@ -7,7 +7,7 @@ torch.set_num_threads(1); torch.set_flush_denormal(True)
 from mechfact.facts import FactModel, FactModelConfig, FactWorld, evaluate
 from mechfact.facts.train import loss_fn
 from mechfact.probes.experiments import superposition
-from mechfact.probes.swap import freeze_and_swap
+from mechfact.targets import freeze_and_swap
 N, d, m, K, cycles = map(int, sys.argv[1:6]); l2 = float(sys.argv[6]); opts = sys.argv[7:]
 R = 4
 t = time.time()

@@ -9,7 +9,8 @@ torch.set_num_threads(1); torch.set_flush_denormal(True)
 from mechfact.facts import REGIMES, FactWorld, evaluate, train
 from mechfact.probes.queries import ProbeSet, accuracy
 from mechfact.probes.superposition import fit_superposition
-from mechfact.probes.swap import attribute_vectors, embedding_hook, retrain_embeddings, subject_embeddings
+from mechfact.probes.swap import attribute_vectors, embedding_hook, subject_embeddings
+from mechfact.targets import retrain_embeddings
 
 reg_name, N, A = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); R = 4
 kw = dict(a.split("=") for a in sys.argv[4:])

@@ -3,7 +3,7 @@ import json, sys, time
 import torch
 from mechfact.facts import REGIMES, FactWorld, Regime, TrainConfig, evaluate
 from mechfact.probes.experiments import superposition
-from mechfact.probes.swap import freeze_and_swap
+from mechfact.targets import freeze_and_swap
 torch.set_num_threads(1); torch.set_flush_denormal(True)
 L2 = dict(lr=1e-2, steps=4000, l2=1e-3, eval_every=500, target_accuracy=None)
 extra = {

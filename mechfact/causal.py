@@ -1,0 +1,78 @@
+"""Causal tracing with one call on a fact model or a pretrained model (:mod:`mechfact.probes.tracing` does the
+work on any hooked model; this module turns a world or relations into the queries it traces).
+
+* a :class:`~mechfact.facts.world.FactWorld` (with its :class:`~mechfact.facts.model.FactModel`): the single-hop
+  queries ``[s, r]`` the model answers correctly; ``replace`` swaps in other subjects (one token each);
+* relations (a :class:`~mechfact.llm.relations.Relation`, a list, a file or folder; with a
+  :class:`~mechfact.llm.loading.LanguageModel`): the facts the model knows, zero-shot by default
+  (:func:`mechfact.llm.trace.relation_queries`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .probes import tracing
+from .probes.queries import ProbeSet, predictions
+from .seeding import derive_seed
+
+
+def _world_queries(model, world, *, max_facts: int | None, n_replace: int, seed: int) -> tuple[list[dict], list]:
+    ps = ProbeSet.from_world(world)
+    right = torch.nonzero(predictions(model, ps) == ps.object_tokens).reshape(-1).tolist()
+    rng = np.random.default_rng(derive_seed(seed, "causal.world"))
+    chosen = sorted(rng.permutation(right)[:max_facts].tolist()) if max_facts is not None else right
+    queries = tracing.fact_queries(ps, chosen)
+    if n_replace:
+        for q in queries:
+            s = int(q["tokens"][0])
+            others = [e for e in rng.permutation(world.n_entities).tolist() if e != s][:n_replace]
+            reps = q["tokens"][None].repeat(len(others), 1)
+            reps[:, 0] = torch.tensor(others)
+            q["replacements"] = reps
+    counts = [{"relation": "all", "n_samples": len(ps), "n_known": len(right), "n_traced": len(chosen)}]
+    return queries, counts
+
+
+def trace_queries(model, source, *, corruption: str = "noise", max_facts: int | None = None, k_shot: int = 0,
+                  template: int = 0, n_replace: int = 5, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(queries, per-relation counts of samples, known and traced facts) of ``source`` for ``model``."""
+    from .facts.world import FactWorld
+
+    reps = n_replace if corruption == "replace" else 0
+    if isinstance(source, FactWorld):
+        return _world_queries(model, source, max_facts=max_facts, n_replace=reps, seed=seed)
+    from .llm.trace import relation_queries
+
+    queries, counts = relation_queries(model, source, k_shot=k_shot, template=template, seed=seed,
+                                       max_facts=max_facts, n_replace=reps)
+    if corruption == "replace":
+        queries = [q for q in queries if "replacements" in q]
+    return queries, counts
+
+
+def causal_trace(model, source, *, kind: str = "state", corruption: str = "noise", metric: str = "prob",
+                 window: int | None = None, sever: str | None = None, n_draws: int = 10, noise_factor: float = 3.0,
+                 max_facts: int | None = None, k_shot: int = 0, template: int = 0, n_replace: int = 5,
+                 seed: int = 0, batch_rows: int = 256, progress: bool = False) -> tracing.TraceResult:
+    """Causal tracing (Meng et al. 2022) of the facts ``model`` knows in ``source`` (a FactWorld, or relations).
+
+    ``kind``: ``state`` (the residual stream after each block; ``-1``: the embedding), ``mlp`` or ``attn`` (a
+    window of ``window`` layers, default 10 of 48 scaled to the depth); ``sever``: ``mlp`` / ``attn`` with
+    ``state`` (the later MLP / attention outputs at the restored token held at their corrupted values);
+    ``corruption``: ``noise`` (``n_draws`` Gaussian draws of ``noise_factor`` x the subject embeddings' std)
+    or ``replace`` (``n_replace`` other subjects of the same token length); ``metric``: ``prob`` or
+    ``logit_diff`` (``replace`` only). ``result.summary()``: the average indirect effects per token bucket and
+    layer with bootstrap intervals over facts; ``result.records``: one row per (fact, bucket, layer).
+    """
+    tracing.check_options(model, kind, corruption, metric,
+                          tracing.default_window(tracing._n_layers(model)) if window is None else window, sever)
+    queries, _ = trace_queries(model, source, corruption=corruption, max_facts=max_facts, k_shot=k_shot,
+                               template=template, n_replace=n_replace, seed=seed)
+    if not queries:
+        raise ValueError("no known facts to trace: the model answers none of the queries correctly"
+                         + (" with a same-length replacement subject" if corruption == "replace" else ""))
+    return tracing.causal_trace_queries(model, queries, kind=kind, corruption=corruption, metric=metric,
+                                        window=window, sever=sever, noise_factor=noise_factor, n_draws=n_draws,
+                                        seed=seed, batch_rows=batch_rows, progress=progress)

@@ -1,0 +1,214 @@
+"""Causal-tracing queries from relations of a pretrained model: the facts it knows, as the tracing authors pick
+them.
+
+A fact is traced when the model knows it: the clean prompt's top-1 token is a prefix of the object (the LRE
+authors' match, :func:`mechfact.llm.prompts.prefix_match`). Prompts are zero-shot by default (``k_shot=0``, the
+tracing authors' setting: the template with the subject, e.g. "The capital of France is"). For token-replacement
+corruption each fact gets up to ``n_replace`` other subjects of the same relation whose prompt has the same token
+length and the same subject token span (Zhang & Nanda's rule: a subject of the same token length); a fact with
+none is left out of that corruption and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..probes.queries import ProbeSet, predictions
+from ..seeding import derive_seed
+from .prompts import check_template, prefix_match, prompt_text, tokenize_prompt
+from .relations import Relation, as_relations
+
+logger = logging.getLogger(__name__)
+
+
+def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed: int = 0,
+                     max_facts: int | None = None, n_replace: int = 0, batch_size: int = 16
+                     ) -> tuple[list[dict], list[dict]]:
+    """(queries, per-relation counts). Each query: ``tokens`` (n,), ``subject`` (first, last), ``index``,
+    ``relation``, ``subject_text``, ``object``, and with ``n_replace`` > 0 ``replacements`` (K, n) when any.
+    ``max_facts``: at most this many known facts per relation (the first in a seeded order)."""
+    out, counts = [], []
+    for rel in as_relations(relations):
+        check_template(rel, template)
+        prompts = []
+        for i in range(len(rel)):
+            text, a, b = prompt_text(rel, i, k=k_shot, template=template, seed=seed)
+            toks, first, last = tokenize_prompt(lm.tokenizer, text, (a, b), lm.bos_id)
+            prompts.append((text, a, b, toks, first, last))
+        ps = ProbeSet.from_prompts([_P(p[3], p[4], p[5]) for p in prompts], pad_id=lm.pad_id)
+        top = predictions(lm, ps, batch_size=batch_size)
+        known = [i for i in range(len(rel)) if prefix_match(lm.tokenizer, int(top[i]), [rel.objects[i]])]
+        rng = np.random.default_rng(derive_seed(seed, f"llm.trace.{rel.name}"))
+        order = [known[k] for k in rng.permutation(len(known))] if max_facts is not None else known
+        chosen = sorted(order[:max_facts]) if max_facts is not None else known
+        n_rep = 0
+        for i in chosen:
+            text, a, b, toks, first, last = prompts[i]
+            q = {"tokens": torch.tensor(toks), "subject": (first, last), "index": i, "relation": rel.name,
+                 "subject_text": rel.subjects[i], "object": rel.objects[i]}
+            if n_replace:
+                reps = _replacements(lm, rel, i, text, a, b, toks, (first, last), n_replace, rng)
+                if reps is not None:
+                    q["replacements"] = reps
+                    n_rep += 1
+            out.append(q)
+        counts.append({"relation": rel.name, "n_samples": len(rel), "n_known": len(known), "n_traced": len(chosen),
+                       **({"n_with_replacements": n_rep} if n_replace else {})})
+    return out, counts
+
+
+class _P:
+    def __init__(self, tokens, first, last):
+        self.tokens, self.subject_first, self.subject_last = tokens, first, last
+
+
+def _replacements(lm, rel: Relation, i: int, text: str, a: int, b: int, toks: list[int], span: tuple[int, int],
+                  k: int, rng) -> torch.Tensor | None:
+    """Up to ``k`` prompts with sample ``i``'s subject replaced by another subject of the relation whose prompt
+    keeps the token length and the subject's token span (and whose subject is not ``i``'s)."""
+    rows = []
+    others = sorted({s for s in rel.subjects if s != rel.subjects[i]})
+    for j in rng.permutation(len(others)).tolist():
+        s = others[j]
+        new = text[:a] + s + text[b:]
+        t2, f2, l2 = tokenize_prompt(lm.tokenizer, new, (a, a + len(s)), lm.bos_id)
+        if len(t2) == len(toks) and (f2, l2) == span and t2[:span[0]] == toks[:span[0]] and \
+                t2[span[1] + 1:] == toks[span[1] + 1:]:
+            rows.append(t2)
+            if len(rows) == k:
+                break
+    return torch.tensor(rows) if rows else None
+
+
+# ---- run directory: mechfact llm trace ------------------------------------------------------------------------
+
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from ..config import DictConfig, check_choice, check_float, check_int  # noqa: E402
+
+TRACE_KINDS = ("state", "mlp", "attn", "severed_mlp", "severed_attn")
+
+
+@dataclass
+class TraceConfig(DictConfig):
+    model: str = "default"
+    relations: str | None = None  # relation file or folder; None = the shipped dataset
+    relation_names: list[str] | None = None
+    kinds: list[str] | None = None  # of TRACE_KINDS; None = state, mlp, attn
+    corruption: str = "noise"  # noise | replace
+    metric: str = "prob"  # prob | logit_diff (replace only)
+    window: int | None = None  # mlp / attn restoration window; None = 10 of 48 layers scaled to the depth
+    n_draws: int = 10  # noise draws per fact
+    noise_factor: float = 3.0  # nu = noise_factor x std of subject-token embeddings
+    n_replace: int = 5  # replacement subjects per fact (replace)
+    max_facts: int | None = 20  # known facts traced per relation (seeded choice); None = all
+    k_shot: int = 0
+    template: int = 0
+    dtype: str = "float32"
+    batch_rows: int = 256
+
+    def __post_init__(self) -> None:
+        for k in self.kinds or ():
+            check_choice("kinds", k, TRACE_KINDS)
+        check_choice("corruption", self.corruption, ("noise", "replace"))
+        check_choice("metric", self.metric, ("prob", "logit_diff"))
+        if self.metric == "logit_diff" and self.corruption != "replace":
+            raise ValueError("--metric logit_diff needs --corruption replace (the corrupted runs' own answers)")
+        if self.window is not None:
+            check_int("window", self.window, 1)
+        check_int("n_draws", self.n_draws, 1)
+        check_float("noise_factor", self.noise_factor, lo=0, lo_open=True)
+        check_int("n_replace", self.n_replace, 1)
+        if self.max_facts is not None:
+            check_int("max_facts", self.max_facts, 1)
+        check_int("k_shot", self.k_shot, 0)
+        check_int("batch_rows", self.batch_rows, 1)
+
+    @property
+    def kind_list(self) -> list[str]:
+        return list(self.kinds or ("state", "mlp", "attn"))
+
+
+def _split_kind(kind: str) -> tuple[str, str | None]:
+    return ("state", kind.split("_", 1)[1]) if kind.startswith("severed_") else (kind, None)
+
+
+def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int = 0, lm=None,
+                  progress: bool = False) -> dict:
+    """Causal tracing of every relation's known facts, one kind at a time, as a run directory: ``per_relation``
+    rows (relation, kind: counts, the noise scale, per-fact scores and the summary with intervals) written as
+    each finishes (a rerun resumes), ``pooled``: per kind, the summary over all traced facts; one heatmap per
+    kind (``fig_trace_<kind>.png``)."""
+    from ..probes import tracing
+    from ..runs import RunDir
+    from . import plots
+    from .loading import load_model
+
+    rels = as_relations(cfg.relations, cfg.relation_names)
+    lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
+    window = tracing.default_window(lm.n_layers) if cfg.window is None else cfg.window
+    if window > lm.n_layers:
+        raise ValueError(f"--window {window}: larger than the depth of {lm.name} ({lm.n_layers} layers)")
+    reps = cfg.n_replace if cfg.corruption == "replace" else 0
+    todo = []  # the known facts of every relation first: a run with nothing to trace stops before it starts
+    for rel in rels:
+        queries, counts = relation_queries(lm, rel, k_shot=cfg.k_shot, template=cfg.template, seed=seed,
+                                           max_facts=cfg.max_facts, n_replace=reps)
+        if cfg.corruption == "replace":
+            queries = [q for q in queries if "replacements" in q]
+        todo.append((rel, queries, counts))
+    if not any(q for _, q, _ in todo):
+        raise ValueError(f"no known facts to trace: {lm.name} answers none of the {sum(len(r) for r in rels)} "
+                         f"facts of {', '.join(r.name for r in rels)} with a {cfg.k_shot}-shot prompt"
+                         + (" with a same-length replacement subject" if reps else ""))
+    run = RunDir(out, cfg, kind="llm.trace", seed=seed, device=str(lm.device), model_id=lm.model_id)
+    result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "window": window,
+                              "config": cfg.to_dict(), "per_relation": [], "pooled": {}})
+    done = {(r["relation"], r["kind"]) for r in result["per_relation"]}
+    for rel, queries, counts in todo:
+        for kind in cfg.kind_list:
+            if (rel.name, kind) in done:
+                continue
+            base, sever = _split_kind(kind)
+            row = {"relation": rel.name, "kind": kind, **counts[0], "n_traced": len(queries)}
+            if queries:
+                res = tracing.causal_trace_queries(lm, queries, kind=base, corruption=cfg.corruption,
+                                                   metric=cfg.metric, window=window, sever=sever,
+                                                   noise_factor=cfg.noise_factor, n_draws=cfg.n_draws, seed=seed,
+                                                   batch_rows=cfg.batch_rows, progress=progress)
+                row.update(noise=res.noise, layers=list(res.layers), summary=res.summary(seed),
+                           facts=[{**f, "subject_text": q["subject_text"], "object": q["object"]}
+                                  for f, q in zip(res.to_dict()["facts"], queries)])
+            else:
+                logger.warning("%s: no known facts to trace", rel.name)
+            result["per_relation"].append(row)
+            result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
+            run.write_result(result)
+    result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
+    return run.finish(result, plots.plot_trace, "fig_trace.png", model=lm.name, model_id=lm.model_id)
+
+
+def _pooled(rows: list[dict], cfg: TraceConfig, window: int, seed: int) -> dict:
+    """Per kind: the summary over every traced fact of every relation (rebuilt from the stored scores)."""
+    from ..probes import tracing
+
+    out = {}
+    for kind in cfg.kind_list:
+        facts, layers = [], None
+        for r in rows:
+            if r["kind"] != kind or not r.get("facts"):
+                continue
+            layers = tuple(r["layers"])
+            facts += [tracing.FactTrace(index=f["index"], target=f["target"], subject=tuple(f["subject"]),
+                                        answer_pos=f["answer_pos"], clean=f["clean"], corrupt=f["corrupt"],
+                                        scores=np.array(f["scores"])) for f in r["facts"]]
+        if facts:
+            base, sever = _split_kind(kind)
+            res = tracing.TraceResult(kind=base, corruption=cfg.corruption, metric=cfg.metric, window=window,
+                                      sever=sever, layers=layers, noise=None, facts=tuple(facts))
+            out[kind] = res.summary(seed)
+    return out

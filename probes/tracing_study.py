@@ -1,0 +1,228 @@
+"""Where models recall a fact: causal tracing on the packaged models and on fact models, beside the published
+GPT-2 XL pattern.
+
+    python -m probes.tracing_study --run [--models smollm2-135m] [--max-facts 8]   # missing runs into runs/trace
+    python -m probes.tracing_study --out runs/trace --export docs/runs/trace         # the run JSON, for a clone
+    python -m probes.tracing_study --out docs/runs/trace --doc docs/results_trace.md  # the page, from runs alone
+
+What it runs, per packaged model (``mechfact llm models``; a model that is not installed is skipped):
+
+* ``mechfact llm trace --kinds state mlp attn severed_mlp severed_attn`` on the shipped relations of
+  ``RELATIONS`` (zero-shot prompts, the known facts, ``--max-facts`` per relation; Gaussian noise of 3 x the
+  subject embeddings' std, 10 draws) -> ``<out>/<model>/noise``;
+* the same with ``--corruption replace --kinds state mlp`` (another subject of the same token length, 5 per
+  fact) -> ``<out>/<model>/replace``;
+
+and on fact models (:func:`mechfact.causal_trace` on a world): the explicit construction and a model trained in
+the geometric regime, ``<out>/facts/<name>/result.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")
+RELATIONS = ("country_capital", "city_country", "company_country", "country_language", "element_symbol",
+             "country_continent")
+NOISE_KINDS = "state,mlp,attn,severed_mlp,severed_attn"
+REPLACE_KINDS = "state,mlp"
+# Meng et al. (2022), GPT-2 XL (48 layers), 1000 known facts, Gaussian noise 3 sigma, window 10: clean 27.0%,
+# corrupted 8.47%, total effect 18.6%; single-state AIE peak 8.7% at layer 15 on the last subject token; MLP
+# window peak 6.6% near layer 17 on the last subject token; attention at the last token in later layers.
+PUBLISHED = {"model": "GPT-2 XL (Meng et al. 2022)", "n_layers": 48, "clean": 0.270, "corrupt": 0.0847,
+             "total_effect": 0.186, "state_last_subject": (15, 0.087), "mlp_last_subject": (17, 0.066),
+             "attn_last": (32, None)}
+
+
+def _read(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _installed(model: str) -> bool:
+    from mechfact.llm.registry import status
+
+    ok = {r["name"]: r["installed"] for r in status()}.get(model, False)
+    if not ok:
+        print(f"{model}: not installed; skipped (mechfact llm models shows its install line)", file=sys.stderr)
+    return ok
+
+
+def run(out: Path, models, max_facts: int) -> None:
+    cli = [sys.executable, "-m", "mechfact.cli", "llm", "trace"]
+    for m in models:
+        for corruption, kinds in (("noise", NOISE_KINDS), ("replace", REPLACE_KINDS)):
+            folder = out / m / corruption
+            if (folder / "meta.json").is_file():
+                continue
+            subprocess.run(cli + ["--model", m, "--relation-names", *RELATIONS, "--kinds", *kinds.split(","), "--corruption",
+                                  corruption, "--max-facts", str(max_facts), "--threads", "1", "--quiet", "--out",
+                                  str(folder)], check=True)
+    run_facts(out / "facts")
+
+
+def run_facts(out: Path) -> None:
+    """The construction and a geometric-regime model on one world (N = 256, R = 4): every kind, both
+    corruptions."""
+    import mechfact
+    from mechfact.facts.construct import construct
+    from mechfact.facts.regimes import REGIMES
+    from mechfact.facts.world import FactWorld
+    from mechfact.runs import write_json_atomic
+
+    world = FactWorld(256, 4, seed=0)
+    models = {"construction": lambda: construct(world)[0], "geometric": lambda: REGIMES["geometric"].fit(world)[0]}
+    for name, build in models.items():
+        path = out / name / "result.json"
+        if path.is_file():
+            continue
+        model = build()
+        rows = []
+        for corruption in ("noise", "replace"):
+            for kind in ("state", "mlp", "attn"):
+                res = mechfact.causal_trace(model, world, kind=kind, corruption=corruption, window=1, max_facts=200)
+                rows.append({"kind": kind, "corruption": corruption, "summary": res.summary()})
+        write_json_atomic(path, {"model": name, "world": {"n_entities": 256, "n_relations": 4, "seed": 0},
+                                 "rows": rows})
+
+
+def _pct(x, ci=None) -> str:
+    if x is None:
+        return "—"
+    s = f"{100 * x:.1f}%"
+    return s if not ci or ci[0] is None else f"{s} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+
+
+def _peak(summary: dict, bucket: str) -> str:
+    p = summary.get(f"peak_{bucket}")
+    if not p:
+        return "—"
+    layer = "emb" if p["layer"] == -1 else p["layer"]
+    return f"layer {layer}: {_pct(p['aie'], p['aie_ci'])}"
+
+
+def llm_table(out: Path) -> str:
+    rows = ["| model | corruption | kind | facts | clean | corrupted | total effect [95%] | peak at the last subject "
+            "token [95%] | peak at the last token [95%] |", "|---|---|---|---|---|---|---|---|---|"]
+    p = PUBLISHED
+    rows.append(f"| {p['model']} | noise | state | 1000 | {_pct(p['clean'])} | {_pct(p['corrupt'])} | "
+                f"{_pct(p['total_effect'])} | layer {p['state_last_subject'][0]}: {_pct(p['state_last_subject'][1])} "
+                "| later layers |")
+    rows.append(f"| {p['model']} | noise | mlp (window 10) | 1000 | | | | layer {p['mlp_last_subject'][0]}: "
+                f"{_pct(p['mlp_last_subject'][1])} | |")
+    for m in MODELS:
+        for corruption in ("noise", "replace"):
+            r = _read(out / m / corruption / "result.json")
+            if not r:
+                rows.append(f"| {m} | {corruption} | not run | | | | | | |")
+                continue
+            for kind, s in r.get("pooled", {}).items():
+                rows.append(f"| {m} ({r['n_layers']} layers) | {corruption} | {kind}"
+                            f"{'' if kind.startswith(('state', 'severed')) else ' (window ' + str(r['window']) + ')'} "
+                            f"| {s['n_facts']} | {_pct(s['clean'])} | {_pct(s['corrupt'])} | "
+                            f"{_pct(s['total_effect'], s.get('total_effect_ci'))} | {_peak(s, 'last_subject')} | "
+                            f"{_peak(s, 'last')} |")
+    return "\n".join(rows)
+
+
+def counts_table(out: Path) -> str:
+    rows = ["| model | relation | samples | known (zero-shot) | traced |", "|---|---|---|---|---|"]
+    for m in MODELS:
+        r = _read(out / m / "noise" / "result.json")
+        seen = set()
+        for x in (r or {}).get("per_relation", []):
+            if x["relation"] in seen:
+                continue
+            seen.add(x["relation"])
+            rows.append(f"| {m} | {x['relation']} | {x['n_samples']} | {x['n_known']} | {x['n_traced']} |")
+    return "\n".join(rows)
+
+
+def facts_table(out: Path) -> str:
+    rows = ["| fact model | corruption | kind | facts | total effect | embedding, subject | layer 0, subject | "
+            "layer 0, last token |", "|---|---|---|---|---|---|---|---|"]
+    for name in ("construction", "geometric"):
+        r = _read(out / "facts" / name / "result.json")
+        for x in (r or {}).get("rows", []):
+            s = x["summary"]
+            aie = {b: {row["layer"]: row["aie"] for row in s["aie"][b]} for b in ("last_subject", "last")}
+            rows.append(f"| {name} | {x['corruption']} | {x['kind']} | {s['n_facts']} | "
+                        f"{_pct(s['total_effect'])} | {_pct(aie['last_subject'].get(-1))} | "
+                        f"{_pct(aie['last_subject'].get(0))} | {_pct(aie['last'].get(0))} |")
+    return "\n".join(rows)
+
+
+DOC_HEAD = """# Where models recall a fact: causal tracing
+
+This page is written by `python -m probes.tracing_study --out docs/runs/trace --doc docs/results_trace.md` from
+the run files under `docs/runs/trace` alone (`python -m probes.tracing_study --run` makes the run folders under
+`runs/trace`; `--export docs/runs/trace` copies their JSON). Protocol (Meng et al. 2022, "Locating and Editing
+Factual Associations in GPT"): zero-shot prompts of the facts a model knows (its top-1 token is a prefix of the
+object); the subject tokens' embeddings corrupted by Gaussian noise of 3 x their standard deviation (10 draws
+shared by every restoration), or the subject replaced by another of the same token length (Zhang & Nanda,
+"Towards Best Practices of Activation Patching"); one clean piece restored per cell: the residual state after a
+block (`state`; layer -1 / emb: the embedding), or the MLP / attention outputs of a window of layers (10 of 48
+scaled to the depth); `severed_*`: the state restored with the later MLP / attention outputs at that token held
+at their corrupted values. Metric: the probability of the clean top-1 token. Intervals: 95% bootstrap over facts.
+"""
+
+
+def write_doc(out: Path, path: Path) -> None:
+    from mechfact.runs import atomic_path
+
+    parts = [DOC_HEAD, "## Pretrained models beside GPT-2 XL\n", llm_table(out), "",
+             "## Facts traced\n", counts_table(out), "",
+             "## Fact models: where the construction stores and selects\n",
+             "Window 1 (one layer). The construction puts each subject's attributes in its embedding, attention "
+             "carries them to the last position, the MLP there selects: restoring the subject's embedding or the "
+             "last position's attention / MLP output should bring the fact back, the subject's own output state "
+             "(read by nothing in one layer) should not.\n", facts_table(out), ""]
+    for m in MODELS:
+        if (out / m / "noise" / "result.json").is_file():
+            parts.append(f"![{m}](img/trace_{m}.png)\n")
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(parts))
+
+
+def figures(out: Path, img: Path) -> None:
+    from mechfact.llm.plots import plot_trace
+
+    for m in MODELS:
+        r = _read(out / m / "noise" / "result.json")
+        if r:
+            plot_trace(r, img / f"trace_{m}.png")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="runs/trace")
+    ap.add_argument("--run", action="store_true", help="run what is missing first")
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--max-facts", type=int, default=8, help="known facts traced per relation (default 8)")
+    ap.add_argument("--export", default=None, metavar="DIR", help="copy the run JSON to DIR (e.g. docs/runs/trace)")
+    ap.add_argument("--doc", default=None, metavar="MD", help="write the page there (e.g. docs/results_trace.md)")
+    ap.add_argument("--img", default="docs/img")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    bad = [m for m in a.models if m not in MODELS]
+    if bad:
+        ap.error(f"--models {' '.join(bad)}: allowed {', '.join(MODELS)}")
+    if a.run:
+        run(out, [m for m in a.models if _installed(m)], a.max_facts)
+    if a.export:
+        from probes.families import export
+
+        print(f"{export(out, Path(a.export))} files copied from {out} to {a.export}")
+    if a.doc:
+        write_doc(out, Path(a.doc))
+        figures(out, Path(a.img))
+        print(f"{a.doc} written from {out}")
+    else:
+        print(llm_table(out), "\n\n", facts_table(out))
+
+
+if __name__ == "__main__":
+    main()

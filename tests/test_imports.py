@@ -1,0 +1,145 @@
+"""The package's layers, read from the source with ``ast`` (every import, also inside functions).
+
+* no cycle between the packages ``mechfact.probes``, ``mechfact.llm``, ``mechfact.facts``, ``mechfact.memory``,
+  ``mechfact.commands`` and ``mechfact.cli``;
+* no cycle between modules;
+* ``mechfact.probes`` works on any model: it imports nothing from the model packages or the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "mechfact"
+PACKAGES = ("mechfact.probes", "mechfact.llm", "mechfact.facts", "mechfact.memory", "mechfact.commands",
+            "mechfact.cli")
+PROBES_MAY_NOT = ("mechfact.llm", "mechfact.facts", "mechfact.memory", "mechfact.commands", "mechfact.cli",
+                  "mechfact.quickstart")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The module ``name`` is, or the package whose attribute it is (``mechfact.llm.loading.load_model``)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The mechfact modules ``module`` imports anywhere in its source."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            names = [stem] + [f"{stem}.{a.name}" for a in node.names]  # `from . import x`: x may be a module
+            names = [n for n in names[1:] if n in MODULES] or [stem]
+        else:
+            continue
+        for n in names:
+            if n.split(".")[0] == "mechfact":
+                target = _resolve(n)
+                if target and target != module:
+                    out.add(target)
+    return out
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _package(module: str) -> str | None:
+    for p in PACKAGES:
+        if module == p or module.startswith(p + "."):
+            return p
+    return None
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _edges(graph, a: str, b: str, of=lambda m: m) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts if of(m) == a and of(t) == b)
+
+
+def test_the_graph_sees_the_package():
+    assert "mechfact.probes.queries" in MODULES and "mechfact.cli" in MODULES
+    assert "mechfact.probes.queries" in GRAPH["mechfact.probes.readout"]  # a function-level import
+
+
+def test_no_package_cycle():
+    pg: dict[str, set[str]] = {p: set() for p in PACKAGES}
+    for m, ts in GRAPH.items():
+        a = _package(m)
+        for t in ts:
+            b = _package(t)
+            if a and b and a != b:
+                pg[a].add(b)
+    cycles = _cycles(pg)
+    detail = [e for c in cycles for a in c for b in c if b in pg[a] for e in _edges(GRAPH, a, b, _package)]
+    assert not cycles, f"package cycles {cycles}: {detail}"
+
+
+def test_no_module_cycle():
+    cycles = _cycles(GRAPH)
+    assert not cycles, f"module cycles: {cycles}"
+
+
+@pytest.mark.parametrize("forbidden", PROBES_MAY_NOT)
+def test_probes_import_only_the_base(forbidden):
+    bad = sorted(f"{m} -> {t}" for m, ts in GRAPH.items() if m.startswith("mechfact.probes")
+                 for t in ts if t == forbidden or t.startswith(forbidden + "."))
+    assert not bad, f"mechfact.probes reaches up: {bad}"

@@ -1,0 +1,247 @@
+"""Causal tracing: where restoring one clean piece brings a corrupted fact back.
+
+On the explicit construction the answer is known (attributes in the subject embedding, attention carrying them
+to the last position, the MLP there selecting): the trace must put the effect exactly there. On random weights it
+must find nothing. On tiny pretrained-architecture models, the batched trace equals a hand-written per-cell loop
+in plain hooks, the way the tracing authors' code runs it."""
+
+import numpy as np
+import pytest
+import torch
+
+from llm_tiny import build_model, write_relations
+
+
+@pytest.fixture(scope="module")
+def construction():
+    from mechfact.facts.construct import construct
+    from mechfact.facts.world import FactWorld
+
+    world = FactWorld(64, 3, seed=0)
+    return construct(world)[0], world
+
+
+def _aie(res, bucket):
+    return {x["layer"]: x["aie"] for x in res.summary()["aie"][bucket]}
+
+
+def test_the_trace_finds_the_construction_where_it_stores_and_selects(construction, one_thread):
+    import mechfact
+
+    model, world = construction
+    state = mechfact.causal_trace(model, world, kind="state", max_facts=40)
+    s = state.summary()
+    te = s["total_effect"]
+    assert s["n_facts"] == 40 and te > 0.5, s["total_effect"]
+    subj, last = _aie(state, "last_subject"), _aie(state, "last")
+    assert subj[-1] > 0.95 * te  # the subject's embedding holds the fact
+    assert abs(subj[0]) < 0.01  # the subject's output state is read by nothing in one layer
+    assert last[0] > 0.95 * te and abs(last[-1]) < 1e-6  # the relation token's embedding is not corrupted
+    for kind in ("mlp", "attn"):
+        r = mechfact.causal_trace(model, world, kind=kind, window=1, max_facts=40)
+        assert _aie(r, "last")[0] > 0.9 * te, kind  # the selector (MLP) and the carrier (attention) at the end
+        assert abs(_aie(r, "last_subject")[0]) < 0.01, kind  # nothing at the subject position
+    lo, hi = s["peak_last_subject"]["aie_ci"]
+    assert lo <= s["peak_last_subject"]["aie"] <= hi and hi - lo < 0.3
+
+
+def test_random_weights_show_no_effect(construction, one_thread):
+    from mechfact.facts.model import build_fact_model
+    from mechfact.probes import tracing
+    from mechfact.probes.queries import ProbeSet
+
+    _, world = construction
+    model = build_fact_model(world, d=32, mlp_width=64, seed=3)
+    res = tracing.causal_trace_queries(model, tracing.fact_queries(ProbeSet.from_world(world), range(60)),
+                                       kind="state")
+    ie = res.indirect_effects()
+    top = max(f.clean for f in res.facts)
+    assert top < 0.1  # nothing is known: the top-1 of a random model is barely above 1/64
+    assert np.nanmax(np.abs(np.nanmean(ie[:, [0, 2, 3, 5]], 0))) < 0.01  # (a one-token subject: no middle)
+
+
+def test_noise_scale_is_three_times_the_subject_embedding_std(construction):
+    from mechfact.probes import tracing
+    from mechfact.probes.queries import ProbeSet
+
+    model, world = construction
+    q = tracing.fact_queries(ProbeSet.from_world(world), range(20))
+    nu = tracing.noise_scale(model, [x["tokens"] for x in q], [x["subject"] for x in q])
+    emb = model.W_E.detach()[torch.tensor([int(x["tokens"][0]) for x in q])]
+    assert nu == pytest.approx(3 * float(emb.reshape(-1).std()), rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from mechfact.llm.loading import load_model
+
+    root = tmp_path_factory.mktemp("trace_tiny")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    lm = load_model(str(build_model("llama", root / "llama")))
+    torch.set_num_threads(n)
+    return lm, write_relations(root / "relations")
+
+
+def _reference(lm, tokens, subject, y, cells, kind, window, noise, n_draws, seed, index, sever=None):
+    """The tracing authors' loop: one forward pass per cell, every token unembedded, plain hooks."""
+    from mechfact import hooks
+    from mechfact.probes.tracing import window_layers
+    from mechfact.seeding import derive_seed
+
+    s0, s1 = subject
+    L = lm.n_layers
+    g = torch.Generator().manual_seed(derive_seed(seed, "probes.tracing.noise", index))
+    eps = torch.randn(n_draws, s1 - s0 + 1, lm.d_model, generator=g) * noise
+    _, clean = lm.run_with_cache(tokens[None])
+    base = tokens[None].repeat(n_draws, 1)
+
+    def add_noise(x, hook):
+        x[:, s0:s1 + 1] += eps
+        return x
+
+    corrupt = {}
+    if sever:
+        names = [hooks.mlp_out(l) if sever == "mlp" else hooks.attn_out(l) for l in range(L)]
+        store = {}
+
+        def grab(name):
+            def fn(x, hook):
+                store[name] = x.clone()
+            return fn
+        lm.run_with_hooks(base, fwd_hooks=[(hooks.embed(), add_noise)] + [(n, grab(n)) for n in names])
+        corrupt = store
+    out = []
+    for t, layer in cells:
+        fh = [(hooks.embed(), add_noise)]
+        if kind == "state":
+            name = hooks.embed() if layer < 0 else hooks.resid(layer, "post")
+            targets = [(name, clean[name][0, t])]
+            if sever:
+                for l2 in range(layer + 1, L):
+                    nm = hooks.mlp_out(l2) if sever == "mlp" else hooks.attn_out(l2)
+                    targets.append((nm, corrupt[nm][:, t]))
+        else:
+            names = [hooks.mlp_out(l) if kind == "mlp" else hooks.attn_out(l) for l in window_layers(layer, window, L)]
+            targets = [(nm, clean[nm][0, t]) for nm in names]
+        for nm, v in targets:
+            def put(x, hook, v=v):
+                x[:, t] = v
+                return x
+            fh.append((nm, put))
+        logits = lm.run_with_hooks(base, fwd_hooks=fh)
+        out.append(float(torch.softmax(logits[:, -1].float(), -1)[:, y].mean()))
+    return out
+
+
+@pytest.mark.parametrize("kind,sever,window", [("state", None, 1), ("mlp", None, 2), ("attn", None, 3),
+                                               ("state", "mlp", 1)])
+def test_batched_trace_equals_the_per_cell_loop(tiny_llama, kind, sever, window, one_thread):
+    from mechfact.llm.prompts import build_prompts
+    from mechfact.llm.relations import load_relations
+    from mechfact.probes import tracing
+
+    lm, rels = tiny_llama
+    rel = load_relations(rels, ["tiny_colour"])[0]
+    p = build_prompts(rel, lm.tokenizer, lm.bos_id, k=1, template=1, seed=0)[2]
+    tokens = torch.tensor(p.tokens)
+    q = {"tokens": tokens, "subject": (p.subject_first, p.subject_last), "index": 7}
+    res = tracing.causal_trace_queries(lm, [q], kind=kind, window=window, sever=sever, noise=3.0, n_draws=4,
+                                       batch_rows=12, seed=1)
+    f = res.facts[0]
+    L = lm.n_layers
+    n = len(tokens)
+    cells = [(t, l) for t in (p.subject_first, p.subject_last, n - 1) for l in ([-1, 0, L - 1] if kind == "state"
+                                                                              else [0, L - 1])]
+    want = _reference(lm, tokens, q["subject"], f.target, cells, kind, window, 3.0, 4, 1, 7, sever)
+    got = [f.scores[t, res.layers.index(l)] for t, l in cells]
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-9), (got, want)
+    # the restorations move the probability by far more than the tolerance: the comparison has teeth
+    assert max(want) - min(want) > 100 * 1e-5 * max(want), (min(want), max(want))
+    assert np.all(f.scores[:p.subject_first] == f.corrupt)  # before the subject nothing differs
+
+
+def test_bad_input_is_named(tiny_llama, construction):
+    import mechfact
+    from mechfact.llm.relations import Relation
+
+    lm, rels = tiny_llama
+    model, world = construction
+    with pytest.raises(ValueError, match=r"window 5: must be an integer in 1\.\.1"):
+        mechfact.causal_trace(model, world, kind="mlp", window=5)
+    with pytest.raises(ValueError, match="kind 'resid'"):
+        mechfact.causal_trace(model, world, kind="resid")
+    with pytest.raises(ValueError, match="logit_diff' needs corruption 'replace'"):
+        mechfact.causal_trace(model, world, metric="logit_diff")
+    with pytest.raises(ValueError, match="no known facts"):
+        mechfact.causal_trace(lm, rels)  # a random tiny model knows none of them
+    with pytest.raises(ValueError, match="must contain exactly one '{}'"):  # a template without the subject slot
+        mechfact.causal_trace(lm, Relation("r", ["The colour is"], [("a", "b"), ("c", "d")]))
+    from mechfact.probes import tracing
+
+    with pytest.raises(ValueError, match=r"subject tokens 1\.\.1 must lie inside the prompt before its last"):
+        tracing.trace_query(model, torch.tensor([0, 65]), (1, 1), noise=1.0)
+
+
+@pytest.mark.parametrize("metric", ["prob", "logit_diff"])
+def test_token_replacement_finds_the_same_places_on_the_construction(construction, metric, one_thread):
+    """Another subject swapped in (Zhang & Nanda): the effect sits where the noise trace puts it, in both
+    metrics; the logit difference of the clean run is positive and that of a corrupted run negative."""
+    import mechfact
+
+    model, world = construction
+    res = mechfact.causal_trace(model, world, kind="state", corruption="replace", metric=metric, n_replace=3,
+                                max_facts=30)
+    s = res.summary()
+    te = s["total_effect"]
+    assert te > (0.5 if metric == "prob" else 1.0)
+    if metric == "logit_diff":
+        assert s["clean"] > 0 > s["corrupt"]
+    subj, last = _aie(res, "last_subject"), _aie(res, "last")
+    assert subj[-1] == pytest.approx(te, rel=1e-4) and abs(subj[0]) < 0.01 * abs(te)
+    assert last[0] == pytest.approx(te, rel=1e-4)
+    assert all(f.scores.shape == (2, 2) for f in res.facts) and len(res.records) == 30 * 6 * 2
+
+
+def test_trace_command_refuses_bad_input_with_one_line(tiny_llama, tmp_path):
+    import subprocess
+    import sys
+
+    lm, rels = tiny_llama
+    folder = str(tmp_path / "m")
+    model_dir = str(rels.parent / "llama")
+    cases = [(["--model", model_dir, "--relations", str(rels)], "no known facts to trace"),
+             (["--relation-names", "country_capital", "--window", "99"], "--window 99: larger than the depth"),
+             (["--kinds", "resid"], "kinds")]
+    for argv, msg in cases:
+        out = subprocess.run([sys.executable, "-m", "mechfact.cli", "llm", "trace", *argv, "--out", folder,
+                              "--quiet"], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 2 and msg in out.stderr, (argv, out.returncode, out.stderr[-500:])
+        assert len(out.stderr.strip().splitlines()) <= 2, out.stderr  # usage line + the error, no traceback
+    assert not (tmp_path / "m" / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_trace_run_on_the_default_model_finds_the_published_pattern_and_resumes(tmp_path):
+    """SmolLM2 on known capitals: restoring the last subject token's state works in early-middle layers and the
+    last token's only late (Meng et al.'s pattern); with the MLPs at that token severed the early effect mostly
+    goes (their MLP-severing result); a rerun reads everything back."""
+    import json
+
+    from mechfact.llm.trace import TraceConfig, run_llm_trace
+
+    cfg = TraceConfig(relation_names=["country_capital"], kinds=["state", "severed_mlp"], max_facts=3, n_draws=5)
+    res = run_llm_trace(cfg, tmp_path / "t")
+    st = res["pooled"]["state"]
+    subj = {r["layer"]: r["aie"] for r in st["aie"]["last_subject"]}
+    last = {r["layer"]: r["aie"] for r in st["aie"]["last"]}
+    sev = {r["layer"]: r["aie"] for r in res["pooled"]["severed_mlp"]["aie"]["last_subject"]}
+    assert st["n_facts"] == 3 and st["total_effect"] > 0.2
+    early = range(0, 9)
+    assert min(subj[l] for l in early) > 0.3 * st["total_effect"]
+    assert max(last[l] for l in early) < 0.05 and max(last[l] for l in range(24, 30)) > 0.3 * st["total_effect"]
+    assert np.mean([sev[l] for l in early]) < 0.5 * np.mean([subj[l] for l in early])
+    assert (tmp_path / "t" / "fig_trace.png").stat().st_size > 10_000
+    before = (tmp_path / "t" / "result.json").read_text()
+    again = run_llm_trace(cfg, tmp_path / "t")
+    assert json.dumps(again, sort_keys=True) == json.dumps(json.loads(before), sort_keys=True)
