@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mechfact.llm import lre_authors
+
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")
 PARTS = ("factual", "linguistic")  # folders of the LRE authors' data/ (github evandez/relations)
 SWEEP = {"factual": ("country capital city", "person native language", "landmark on continent"),
@@ -170,7 +172,8 @@ def _lre_cell(x: dict | None) -> str:
     known = f"{x['n_known']}/{x['n_samples']}"
     if x["faithfulness"] is None:
         return f"{known}: too few known"
-    deg = " **degenerate (one object)**" if x.get("degenerate") else ""
+    why = lre_authors.degenerate(x)
+    deg = f" **degenerate ({why})**" if why else ""
     return (f"{known}, n {x['n_test']}×{x.get('n_trials')}: F {_ci(x, 'faithfulness')}, F(β*) "
             f"{_ci(x, 'faithfulness_model_beta')}, β0 {_ci(x, 'faithfulness_bias_only')}, maj "
             f"{_ci(x, 'majority_baseline')}, C {_ci(x, 'causality')} (r {x.get('rank')}){deg}")
@@ -179,7 +182,6 @@ def _lre_cell(x: dict | None) -> str:
 def _lre_all(out: Path) -> dict[str, dict[str, dict]]:
     """Per model, its relation rows; each row gets ``faithfulness_model_beta`` at the model's one beta, chosen on
     the training facts pooled over every relation of both parts (the authors' rule: one beta per model)."""
-    from mechfact.llm import lre_authors
 
     res = {m: _lre_rows(out, m) for m in MODELS}
     for rows in res.values():
@@ -200,7 +202,7 @@ def spearman_rows(out: Path, part: str | None = None) -> list[dict]:
         for k, ref in enumerate(("GPT-J", "LLaMA-13B")):
             pairs = [(x["faithfulness_model_beta"], PUBLISHED[n][k]) for n, x in res[m].items()
                      if (part is None or x["part"] == part) and x.get("faithfulness_model_beta") is not None
-                     and not x.get("degenerate") and n in PUBLISHED and PUBLISHED[n][k] is not None]
+                     and not lre_authors.degenerate(x) and n in PUBLISHED and PUBLISHED[n][k] is not None]
             if len(pairs) < 3:
                 continue
             s = stats.spearman([a for a, _ in pairs], [b for _, b in pairs], seed=0)
@@ -221,7 +223,6 @@ def lre_table(out: Path, part: str | None = None) -> str:
             "|---|" + "---|" * (len(MODELS) + 1)]
     for n in names:
         rows.append(f"| {n} | " + " | ".join(_lre_cell(res[m].get(n)) for m in MODELS) + f" | {_published(n)} |")
-    from mechfact.llm import lre_authors
 
     for m in MODELS:  # means over the non-degenerate relations with a score, intervals over relations
         xs = list(res[m].values())
@@ -286,7 +287,7 @@ def lre_figure(out: Path, path: Path) -> None:
                 if v[i] is not None and ci and ci[0] is not None:
                     err[:, i] = [v[i] - ci[0], ci[1] - v[i]]
             ax.barh(y + (k - 1) * 0.27, [0 if a is None else a for a in v], 0.27, xerr=err, color=COLORS[m],
-                    label=m, hatch=["//" if x.get("degenerate") else "" for x in xs], error_kw={"lw": 0.6})
+                    label=m, hatch=["//" if x and lre_authors.degenerate(x) else "" for x in xs], error_kw={"lw": 0.6})
             for i, a in enumerate(v):  # no score (too few known facts, no edit target): say so, unlike a 0
                 if a is None:
                     ax.text(0.005, y[i] + (k - 1) * 0.27, "not scored", fontsize=5, color=COLORS[m], va="center")
@@ -330,6 +331,33 @@ def superposition_table(out: Path, name: str = "superposition") -> str:
     return "\n".join(rows)
 
 
+def superposition_statement(out: Path, name: str) -> str:
+    """What holds, per model, in plain words computed from the rows: at how many layers the held-out R^2 beats
+    both nulls (no draw of either reached it: p at its floor 1 / (n + 1)) with its interval above 0, its range
+    there, the partial R^2 likewise, and whether that floor passes Bonferroni over the layers."""
+    lines = []
+    for m in MODELS:
+        res = _read(out / m / name / "result.json") or {}
+        rows = [x for x in res.get("per_layer", []) if "p_value" in x]
+        if not rows:
+            continue
+        floor = 1.0 / (1 + int(res.get("n_null") or 200))
+        ok = [x for x in rows if x["p_value"] <= floor and x["null_random_features"]["p_value"] <= floor
+              and (x.get("r2_heldout_ci") or [None])[0] is not None and x["r2_heldout_ci"][0] > 0]
+        part = [x for x in rows if x["null_partial"]["p_value"] <= floor and x["partial_r2_heldout"] > 0]
+        r2 = [x["r2_heldout"] for x in ok]
+        rng = f", R^2 {min(r2):.2f}-{max(r2):.2f} there" if r2 else ""
+        bonf = (f"That p passes Bonferroni over the {len(rows)} layers (p < {0.05 / len(rows):.4f})"
+                if floor < 0.05 / len(rows) else f"Bonferroni over the {len(rows)} layers needs p < "
+                f"{0.05 / len(rows):.4f}: more than {20 * len(rows)} draws per null")
+        lines.append(f"- {m}: at {len(ok)} of {len(rows)} layers no draw of either null reaches the held-out R^2 "
+                     f"(p = {floor:.3f}) and its interval lies above 0{rng}; the partial R^2 (after the layer-0 "
+                     f"state and token count) beats its null likewise at {len(part)} of {len(rows)} layers"
+                     + (f", up to {max(x['partial_r2_heldout'] for x in part):.2f}" if part else "")
+                     + f". {bonf}.")
+    return "\n".join(lines)
+
+
 def _part_status(out: Path, m: str, name: str) -> str:
     """finished / partial / not run, over the folder and its ``<name>_*`` siblings (a part split over several
     processes); LRE parts say how many relations their folders hold."""
@@ -369,8 +397,8 @@ object); F = faithfulness at beta 2.25 fixed in advance; F(β*) = at the model's
 facts pooled over relations (the authors' rule for their published numbers: one beta per model); β0 = beta 0,
 the bias alone; maj = the share of the most common test object (what a constant answer gets); C = causality at
 the rank chosen on the training facts. Intervals: bootstrap over subjects (cells) or over relations (means).
-`n a×b`: a test facts per trial, b trials. Degenerate relations (every test fact one object) are out of the
-means.
+`n a×b`: a test facts per trial, b trials. Degenerate relations (every test fact one object, or the bias alone
+right on every test fact: a constant answer scores 1.00) are marked and left out of the means.
 """
 
 
@@ -383,7 +411,8 @@ def write_doc(out: Path, path: Path) -> None:
               "## LRE layer sweep (layers chosen on training facts)\n", lre_sweep_table(out), "",
               "## Readout (the 14 shipped relations)\n", readout_table(out), "",
               "## Superposition of a subject's attributes (the shipped countries)\n",
-              *[superposition_table(out, n) + "\n" for n in SUPERPOSITION_RUNS],
+              *[superposition_table(out, n) + "\n\nWhat holds (computed from the rows above):\n\n"
+                + superposition_statement(out, n) + "\n" for n in SUPERPOSITION_RUNS],
               "![three families](img/families.png)\n"]
     from mechfact.runs import atomic_path
 

@@ -65,27 +65,31 @@ def run(out: Path, models, max_facts: int) -> None:
 
 
 def run_facts(out: Path) -> None:
-    """The construction and a geometric-regime model on one world (N = 256, R = 4): every kind, both
-    corruptions."""
+    """The construction (N = 256, R = 4, bijections) and a geometric-regime model (N = 256, R = 4, a pool of 16
+    attributes: the world where that regime finds the geometric solution), every kind, noise (probability) and
+    token replacement (logit difference: a squared-error model's probabilities stay near 1 / N)."""
     import mechfact
     from mechfact.facts.construct import construct
     from mechfact.facts.regimes import REGIMES
     from mechfact.facts.world import FactWorld
     from mechfact.runs import write_json_atomic
 
-    world = FactWorld(256, 4, seed=0)
-    models = {"construction": lambda: construct(world)[0], "geometric": lambda: REGIMES["geometric"].fit(world)[0]}
-    for name, build in models.items():
+    worlds = {"construction": FactWorld(256, 4, seed=0), "geometric": FactWorld(256, 4, seed=0, attributes=16)}
+    build = {"construction": lambda w: construct(w)[0], "geometric": lambda w: REGIMES["geometric"].fit(w)[0]}
+    for name, world in worlds.items():
         path = out / name / "result.json"
         if path.is_file():
             continue
-        model = build()
+        model = build[name](world)
         rows = []
-        for corruption in ("noise", "replace"):
+        for corruption, metric in (("noise", "prob"), ("replace", "logit_diff")):
             for kind in ("state", "mlp", "attn"):
-                res = mechfact.causal_trace(model, world, kind=kind, corruption=corruption, window=1, max_facts=200)
-                rows.append({"kind": kind, "corruption": corruption, "summary": res.summary()})
-        write_json_atomic(path, {"model": name, "world": {"n_entities": 256, "n_relations": 4, "seed": 0},
+                res = mechfact.causal_trace(model, world, kind=kind, corruption=corruption, metric=metric, window=1,
+                                            max_facts=200)
+                rows.append({"kind": kind, "corruption": corruption, "metric": metric, "summary": res.summary()})
+        write_json_atomic(path, {"model": name, "world": {"n_entities": 256, "n_relations": 4, "seed": 0,
+                                                          "attributes": world.n_attributes
+                                                          if hasattr(world, "n_attributes") else None},
                                  "rows": rows})
 
 
@@ -142,16 +146,17 @@ def counts_table(out: Path) -> str:
 
 
 def facts_table(out: Path) -> str:
-    rows = ["| fact model | corruption | kind | facts | total effect | embedding, subject | layer 0, subject | "
-            "layer 0, last token |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| fact model | corruption (metric) | kind | facts | total effect | embedding, subject | layer 0, subject "
+            "| layer 0, last token |", "|---|---|---|---|---|---|---|---|"]
     for name in ("construction", "geometric"):
         r = _read(out / "facts" / name / "result.json")
         for x in (r or {}).get("rows", []):
             s = x["summary"]
             aie = {b: {row["layer"]: row["aie"] for row in s["aie"][b]} for b in ("last_subject", "last")}
-            rows.append(f"| {name} | {x['corruption']} | {x['kind']} | {s['n_facts']} | "
-                        f"{_pct(s['total_effect'])} | {_pct(aie['last_subject'].get(-1))} | "
-                        f"{_pct(aie['last_subject'].get(0))} | {_pct(aie['last'].get(0))} |")
+            fmt = _pct if x.get("metric", "prob") == "prob" else (lambda v: "—" if v is None else f"{v:.2f}")
+            rows.append(f"| {name} | {x['corruption']} ({x.get('metric', 'prob')}) | {x['kind']} | {s['n_facts']} | "
+                        f"{fmt(s['total_effect'])} | {fmt(aie['last_subject'].get(-1))} | "
+                        f"{fmt(aie['last_subject'].get(0))} | {fmt(aie['last'].get(0))} |")
     return "\n".join(rows)
 
 

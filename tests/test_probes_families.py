@@ -55,6 +55,17 @@ def test_degenerate_relations_are_marked_and_left_out_of_the_means(tmp_path):
     assert "F at beta 2.25 0.50" in table  # the mean is the one non-degenerate relation, not (0.5 + 1.0) / 2
 
 
+def test_a_relation_the_bias_alone_solves_is_degenerate_too(tmp_path):
+    """person university: "University" prefixes every object, so beta 0 (one constant answer) scores 1.00."""
+    ok = _row("country capital city", lambda b: 0.5, 2.25)
+    const = {**_row("person university", lambda b: 0.9, 2.25), "n_objects_test": 12,
+             "faithfulness_bias_only": 1.0}
+    _write(tmp_path, "smollm2-135m", [ok, const])
+    table = F.lre_table(tmp_path, "factual")
+    assert "degenerate (the bias alone is right on every test fact)" in table
+    assert "1 relations scored and not degenerate (1 degenerate)" in table and "F at beta 2.25 0.50" in table
+
+
 def test_families_run_needs_the_relation_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         F.main(["--run", "--out", str(tmp_path), "--relations", str(tmp_path / "nope")])

@@ -37,7 +37,9 @@ trial's rate (the authors' aggregation) with a 95% bootstrap interval that resam
 (:func:`mechfact.stats.trial_mean`); ``_n`` counts subjects. Baselines beside it: ``faithfulness_bias_only``
 (beta = 0: one constant prediction for every subject) and ``majority_baseline`` (share of test facts whose
 object is the trial's most common test object: what the best constant answer gets). A relation whose scored
-test facts all have one object is ``degenerate`` (a constant scores 1.00) and is left out of every mean.
+test facts all have one object, or whose bias alone (beta 0, one constant answer) is right on every scored test
+fact (e.g. "University" is a prefix of every object of ``person university``), is ``degenerate``
+(:func:`degenerate`: a constant scores 1.00; ``degenerate_reason`` says which) and is left out of every mean.
 """
 
 from __future__ import annotations
@@ -123,6 +125,27 @@ class _Outcomes:
     def estimate(self, seed: int):
         trials = self.counts.sum(1) > 0
         return stats.trial_mean(self.hits[:, trials], self.counts[trials], seed=seed)
+
+
+def degenerate(row: dict) -> str | None:
+    """Why a relation's row is solved by a constant answer (None: it is not): its scored test facts have one
+    object, or the bias alone (beta 0) is right on every one of them."""
+    if row.get("n_objects_test") == 1 or (row.get("degenerate") and row.get("n_objects_test") is None):
+        return "one object"
+    if row.get("faithfulness_bias_only") is not None and row["faithfulness_bias_only"] >= 1.0:
+        return "the bias alone is right on every test fact"
+    return None
+
+
+def mark_degenerate(rows: list[dict]) -> None:
+    """Sets ``degenerate`` and ``degenerate_reason`` on every row (rows written before the bias rule included)."""
+    for r in rows:
+        why = degenerate(r)
+        r["degenerate"] = why is not None
+        if why:
+            r["degenerate_reason"] = why
+        else:
+            r.pop("degenerate_reason", None)
 
 
 def _f(x) -> float | None:
@@ -279,6 +302,8 @@ def _layer_row(head: dict, acc: dict, majority: _Outcomes, trials: list[dict], o
         train_faithfulness_by_beta={str(b): [int(acc["train_f"][q]), int(acc["train_f_n"])]
                                     for q, b in enumerate(AUTHORS_BETAS)},
     )
+    why = degenerate(row)
+    row.update(degenerate=why is not None, **({"degenerate_reason": why} if why else {}))
     if acc["caus"].counts.sum() > 0:
         cv, clo, chi, cn = acc["caus"].estimate(seed)
         pv, plo, phi, pn = acc["proj"].estimate(seed)
@@ -334,7 +359,7 @@ def model_beta(rows: list[dict], fixed: float = FIXED_BETA) -> float:
     hits, n = np.zeros(len(AUTHORS_BETAS)), 0
     for r in rows:
         t = r.get("train_faithfulness_by_beta")
-        if not t or r.get("degenerate"):
+        if not t or degenerate(r):
             continue
         hits += np.array([t[str(b)][0] for b in AUTHORS_BETAS])
         n += t[str(AUTHORS_BETAS[0])][1]
@@ -357,10 +382,10 @@ def add_model_beta(rows: list[dict], fixed: float = FIXED_BETA) -> float:
 def summary(rows: list[dict], seed: int = 0) -> dict:
     """Means over the scored, non-degenerate relations, each with a bootstrap interval over relations."""
     out = {}
-    ok = [r for r in rows if r.get("faithfulness") is not None and not r.get("degenerate")]
+    ok = [r for r in rows if r.get("faithfulness") is not None and not degenerate(r)]
     for key in ("faithfulness", "faithfulness_train_beta", "faithfulness_model_beta", "faithfulness_bias_only",
                 "majority_baseline", "causality"):
         vals = [r[key] for r in ok if r.get(key) is not None]
         out.update(stats.fields(f"mean_{key}", stats.bootstrap(vals, seed=seed)))
-    out["n_relations_degenerate"] = sum(bool(r.get("degenerate")) for r in rows)
+    out["n_relations_degenerate"] = sum(degenerate(r) is not None for r in rows if r.get("faithfulness") is not None)
     return out
