@@ -100,12 +100,13 @@ def _pct(x, ci=None) -> str:
     return s if not ci or ci[0] is None else f"{s} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
 
-def _peak(summary: dict, bucket: str) -> str:
+def _peak(summary: dict, bucket: str, n_layers: int | None = None) -> str:
     p = summary.get(f"peak_{bucket}")
     if not p:
         return "—"
     layer = "emb" if p["layer"] == -1 else p["layer"]
-    return f"layer {layer}: {_pct(p['aie'], p['aie_ci'])}"
+    depth = f" ({max(p['layer'], 0) / n_layers:.2f} of the depth)" if n_layers else ""
+    return f"layer {layer}{depth}: {_pct(p['aie'], p['aie_ci'])}"
 
 
 def llm_table(out: Path) -> str:
@@ -113,23 +114,54 @@ def llm_table(out: Path) -> str:
             "token [95%] | peak at the last token [95%] |", "|---|---|---|---|---|---|---|---|---|"]
     p = PUBLISHED
     rows.append(f"| {p['model']} | noise | state | 1000 | {_pct(p['clean'])} | {_pct(p['corrupt'])} | "
-                f"{_pct(p['total_effect'])} | layer {p['state_last_subject'][0]}: {_pct(p['state_last_subject'][1])} "
-                "| later layers |")
-    rows.append(f"| {p['model']} | noise | mlp (window 10) | 1000 | | | | layer {p['mlp_last_subject'][0]}: "
-                f"{_pct(p['mlp_last_subject'][1])} | |")
+                f"{_pct(p['total_effect'])} | layer {p['state_last_subject'][0]} ({15 / 48:.2f} of the depth): "
+                f"{_pct(p['state_last_subject'][1])} | later layers |")
+    rows.append(f"| {p['model']} | noise | mlp (window 10) | 1000 | | | | layer {p['mlp_last_subject'][0]} "
+                f"({17 / 48:.2f} of the depth): {_pct(p['mlp_last_subject'][1])} | |")
     for m in MODELS:
         for corruption in ("noise", "replace"):
             r = _read(out / m / corruption / "result.json")
             if not r:
                 rows.append(f"| {m} | {corruption} | not run | | | | | | |")
                 continue
+            done = "" if (out / m / corruption / "meta.json").is_file() else ", partial run"
             for kind, s in r.get("pooled", {}).items():
-                rows.append(f"| {m} ({r['n_layers']} layers) | {corruption} | {kind}"
+                rows.append(f"| {m} ({r['n_layers']} layers{done}) | {corruption} | {kind}"
                             f"{'' if kind.startswith(('state', 'severed')) else ' (window ' + str(r['window']) + ')'} "
                             f"| {s['n_facts']} | {_pct(s['clean'])} | {_pct(s['corrupt'])} | "
-                            f"{_pct(s['total_effect'], s.get('total_effect_ci'))} | {_peak(s, 'last_subject')} | "
-                            f"{_peak(s, 'last')} |")
+                            f"{_pct(s['total_effect'], s.get('total_effect_ci'))} | "
+                            f"{_peak(s, 'last_subject', r['n_layers'])} | {_peak(s, 'last', r['n_layers'])} |")
     return "\n".join(rows)
+
+
+def statements(out: Path) -> str:
+    """Computed from the pooled curves: the early-layer effect at the last subject token restored alone and with
+    that token's MLPs / attention severed (the published result: severing MLPs removes it, severing attention
+    does not), and where the last token takes over."""
+    lines = []
+    for m in MODELS:
+        r = _read(out / m / "noise" / "result.json")
+        pooled = (r or {}).get("pooled", {})
+        if "state" not in pooled:
+            continue
+        L = r["n_layers"]
+        early = range(0, max(1, L // 4))
+
+        def mean_early(kind):
+            rows = {x["layer"]: x["aie"] for x in pooled[kind]["aie"]["last_subject"] if x["aie"] is not None}
+            return sum(rows[l] for l in early if l in rows) / len(early)
+        parts = [f"restored alone {100 * mean_early('state'):.1f}%"]
+        for k in ("severed_mlp", "severed_attn"):
+            if k in pooled:
+                parts.append(f"with {k.split('_')[1].upper()} severed {100 * mean_early(k):.1f}% "
+                             f"({pooled[k]['n_facts']} facts)")
+        last = [x for x in pooled["state"]["aie"]["last"] if x["aie"] is not None]
+        top = max(x["aie"] for x in last)
+        handoff = next((x["layer"] for x in last if x["aie"] >= top / 2), None)
+        lines.append(f"- {m}: mean indirect effect of the last subject token's state over layers 0-{early[-1]} "
+                     f"({pooled['state']['n_facts']} facts): {', '.join(parts)}; the last token's state reaches half "
+                     f"its peak at layer {handoff} of {L}.")
+    return "\n".join(lines)
 
 
 def counts_table(out: Path) -> str:
@@ -172,6 +204,8 @@ shared by every restoration), or the subject replaced by another of the same tok
 block (`state`; layer -1 / emb: the embedding), or the MLP / attention outputs of a window of layers (10 of 48
 scaled to the depth); `severed_*`: the state restored with the later MLP / attention outputs at that token held
 at their corrupted values. Metric: the probability of the clean top-1 token. Intervals: 95% bootstrap over facts.
+A partial run pools, per kind, the facts of the relations it has finished (so the counts differ between kinds);
+the peaks are the best layer of the average curve, with that layer's interval (a best-of-layers value).
 """
 
 
@@ -179,6 +213,7 @@ def write_doc(out: Path, path: Path) -> None:
     from mechfact.runs import atomic_path
 
     parts = [DOC_HEAD, "## Pretrained models beside GPT-2 XL\n", llm_table(out), "",
+             "What the curves say (computed from them):\n", statements(out), "",
              "## Facts traced\n", counts_table(out), "",
              "## Fact models: where the construction stores and selects\n",
              "Window 1 (one layer). The construction puts each subject's attributes in its embedding, attention "

@@ -75,7 +75,10 @@ def test_memory_trainer_estimate_within_2x_of_the_measured_peak():
     from mechfact.memory.solvers import train_bytes
 
     est = train_bytes("decoupled", 16, 1000, 1)
-    got = _peak_bytes('S.train([MemoryProblem("decoupled", 16, 1000, 0)], cfg=S.MemoryTrainConfig(steps=3))')
+    # the smallest of three peaks: the allocator only adds (one run in a loaded full suite peaked at 259 MB, the
+    # same run alone at 71 MB, three times over)
+    got = min(_peak_bytes('S.train([MemoryProblem("decoupled", 16, 1000, 0)], cfg=S.MemoryTrainConfig(steps=3))')
+              for _ in range(3))
     assert est / 2 <= got <= est * 2, (est, got)
 
 

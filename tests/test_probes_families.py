@@ -92,3 +92,18 @@ def test_exported_runs_rebuild_the_same_page_without_machine_paths(tmp_path):
     F.write_doc(dest, tmp_path / "b.md")
     assert (tmp_path / "a.md").read_text() == (tmp_path / "b.md").read_text()
     assert "country capital city" in (tmp_path / "b.md").read_text()
+
+
+@pytest.mark.parametrize("module,runs,page", [("families", "docs/runs/fam", "docs/results_llm.md"),
+                                              ("tracing_study", "docs/runs/trace", "docs/results_trace.md")])
+def test_the_results_pages_are_what_their_command_writes_from_the_shipped_runs(module, runs, page, tmp_path):
+    """No cell is typed by hand: the page in docs/ is byte for byte the command's output from docs/runs."""
+    import importlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / runs).is_dir():
+        pytest.skip(f"{runs} is not in this checkout")
+    mod = importlib.import_module(f"probes.{module}")
+    mod.write_doc(root / runs, tmp_path / "page.md")
+    assert (tmp_path / "page.md").read_text() == (root / page).read_text()
