@@ -12,10 +12,13 @@ none is left out of that corruption and counted.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..config import DictConfig, check_choice, check_float, check_int
 from ..probes.queries import ProbeSet, predictions
 from ..seeding import derive_seed
 from .prompts import check_template, prefix_match, prompt_text, tokenize_prompt
@@ -84,11 +87,6 @@ def _replacements(lm, rel: Relation, i: int, text: str, a: int, b: int, toks: li
 
 
 # ---- run directory: mechfact llm trace ------------------------------------------------------------------------
-
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from ..config import DictConfig, check_choice, check_float, check_int  # noqa: E402
 
 TRACE_KINDS = ("state", "mlp", "attn", "severed_mlp", "severed_attn")
 
