@@ -1,4 +1,4 @@
-"""Exploration (issue 4): active forgetting -- reset the subject embeddings every K steps so the body
+"""Exploration: active forgetting -- reset the subject embeddings every K steps so the body
 must decode whatever embeddings GD writes. usage: forget.py N d m K cycles l2 [wu=fixed]
 (its own Adam loop around mechfact.facts.train.loss_fn: the resets need the optimiser state of W_E_ent dropped)"""
 import json, sys, time

@@ -1,4 +1,4 @@
-"""Exploration (issue 4): zero-shot embeddings built from the model's own Jacobian maps
+"""Exploration: zero-shot embeddings built from the model's own Jacobian maps
 x'_s = c + sum_r alpha_r (J_r^T v_{pi'_r(s)} - mean), alpha_r fitted (R scalars) on the original world."""
 import json, sys
 import numpy as np

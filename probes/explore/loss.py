@@ -1,4 +1,4 @@
-"""Exploration (issue 4): does a loss with a finite minimiser (squared error on the logits, ``loss=mse``) make
+"""Exploration: does a loss with a finite minimiser (squared error on the logits, ``loss=mse``) make
 trained subject embeddings additive in their attributes, and the frozen network zero-shot transferable?
 usage: loss.py REGIME N A [key=value ...]   (A = N: bijections; keys: loss, target, d, m, steps, lr, l2,
 tacc (target accuracy or 'none'), l2only (comma-separated parameter names), zinit (1: subject embeddings initialised at 0), seed (world and init))"""

@@ -1,4 +1,4 @@
-"""Exploration (issue 4): does zero-shot freeze-and-swap rise with N/d?  usage: nscan.py REGIME N [N ...] [R=4]"""
+"""Exploration: does zero-shot freeze-and-swap rise with N/d?  usage: nscan.py REGIME N [N ...] [R=4]"""
 import json, sys, time
 import torch
 from mechfact.facts import REGIMES, FactWorld, Regime, TrainConfig, evaluate

@@ -1,4 +1,4 @@
-"""Exploration (issue 4): attributes from a SHARED POOL of A < N entities (random functions, not bijections):
+"""Exploration: attributes from a SHARED POOL of A < N entities (random functions, not bijections):
 each attribute co-occurs with many others, so the co-occurrence structure a bijection world offers cannot be
 exploited. usage: pool.py REGIME N A [steps=, l2=, d=, m=]"""
 import dataclasses, json, sys, time
