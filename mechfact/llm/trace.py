@@ -21,7 +21,7 @@ import torch
 from ..config import DictConfig, check_choice, check_float, check_int
 from ..probes.queries import ProbeSet, predictions
 from ..seeding import derive_seed
-from .prompts import check_template, prefix_match, prompt_text, tokenize_prompt
+from .prompts import Prompt, check_template, prefix_match, prompt_text, tokenize_prompt
 from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed:
         for i in range(len(rel)):
             text, a, b = prompt_text(rel, i, k=k_shot, template=template, seed=seed)
             toks, first, last = tokenize_prompt(lm.tokenizer, text, (a, b), lm.bos_id)
-            prompts.append((text, a, b, toks, first, last))
-        ps = ProbeSet.from_prompts([_P(p[3], p[4], p[5]) for p in prompts], pad_id=lm.pad_id)
+            prompts.append((text, a, b, Prompt(text, rel.subjects[i], rel.objects[i], toks, first, last)))
+        ps = ProbeSet.from_prompts([p[3] for p in prompts], pad_id=lm.pad_id)
         top = predictions(lm, ps, batch_size=batch_size)
         known = [i for i in range(len(rel)) if prefix_match(lm.tokenizer, int(top[i]), [rel.objects[i]])]
         rng = np.random.default_rng(derive_seed(seed, f"llm.trace.{rel.name}"))
@@ -49,7 +49,8 @@ def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed:
         chosen = sorted(order[:max_facts]) if max_facts is not None else known
         n_rep = 0
         for i in chosen:
-            text, a, b, toks, first, last = prompts[i]
+            text, a, b, p = prompts[i]
+            toks, first, last = p.tokens, p.subject_first, p.subject_last
             q = {"tokens": torch.tensor(toks), "subject": (first, last), "index": i, "relation": rel.name,
                  "subject_text": rel.subjects[i], "object": rel.objects[i]}
             if n_replace:
@@ -61,11 +62,6 @@ def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed:
         counts.append({"relation": rel.name, "n_samples": len(rel), "n_known": len(known), "n_traced": len(chosen),
                        **({"n_with_replacements": n_rep} if n_replace else {})})
     return out, counts
-
-
-class _P:
-    def __init__(self, tokens, first, last):
-        self.tokens, self.subject_first, self.subject_last = tokens, first, last
 
 
 def _replacements(lm, rel: Relation, i: int, text: str, a: int, b: int, toks: list[int], span: tuple[int, int],

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from .. import hooks, stats
 from ..seeding import derive_seed
+from .queries import model_device
 
 KINDS = ("state", "mlp", "attn")
 SEVER = ("mlp", "attn")
@@ -94,14 +95,9 @@ def noise_scale(model, tokens: list[torch.Tensor], spans: list[tuple[int, int]],
     of all subject tokens of these queries pooled, as the authors measure it)."""
     vals = []
     for toks, (s0, s1) in zip(tokens, spans):
-        _, cache = model.run_with_cache(toks[None].to(_device(model)), names_filter=lambda n: n == hooks.embed())
+        _, cache = model.run_with_cache(toks[None].to(model_device(model)), names_filter=lambda n: n == hooks.embed())
         vals.append(cache[hooks.embed()][0, s0:s1 + 1].float().reshape(-1).cpu())
     return float(factor * torch.cat(vals).std())
-
-
-def _device(model):
-    d = getattr(model, "device", None)
-    return d if d is not None else next(model.parameters()).device
 
 
 @dataclass(frozen=True)
@@ -256,7 +252,7 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
     position; ``subject``: (first, last) subject token; ``replacements``: (K, n) corrupted prompts (``replace``);
     ``noise``: nu (``noise``); ``layers``: the layers traced (default all; ``-1``, the embedding, with
     ``state``)."""
-    dev = _device(model)
+    dev = model_device(model)
     L = _n_layers(model)
     tokens = tokens.to(dev)
     n = tokens.shape[0]
@@ -298,26 +294,25 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
             return x
         return [(hooks.embed(), fn)]
 
-    # the corrupted runs' residual stream after every block (where restored runs start) and, to sever, their
-    # MLP / attention outputs
+    # one pass of the corrupted runs: their residual stream after every block (where restored runs start; the last
+    # block's gives their logits) and, to sever, their MLP / attention outputs
     sn = [hooks.resid(l, "post") for l in range(L)]
     if sever is not None:
         sn += [hooks.mlp_out(l) if sever == "mlp" else hooks.attn_out(l) for l in range(L)]
     box = {}
-    if sn:
 
-        def grab(name):  # keyed by the name asked for (a bridge reports an alias's canonical name)
-            def fn(x, hook=None):
-                box[name] = x.detach().clone()
-                return x
-            return fn
-        try:
-            model.run_with_hooks(base, fwd_hooks=noise_hook(D) + [(nm, grab(nm)) for nm in sn])
-        except _Stop:
-            pass
-    sever_vals = box
-    rc = _Restorer(a, last_hook)
-    corrupt_logits = _run(model, base, rc, noise_hook(D))
+    def grab(name):  # keyed by the name asked for (a bridge reports an alias's canonical name)
+        def fn(x, hook=None):
+            box[name] = x.detach().clone()
+            if name == last_hook and all(nm in box for nm in sn):
+                raise _Stop  # nothing after the last block is needed
+            return x
+        return fn
+    try:
+        model.run_with_hooks(base, fwd_hooks=noise_hook(D) + [(nm, grab(nm)) for nm in sn])
+    except _Stop:
+        pass
+    corrupt_logits = model.final_logits(box[last_hook][:, a]).float()
 
     def score(lg: torch.Tensor, rows: int) -> torch.Tensor:  # (rows,) metric per row
         if metric == "prob":
@@ -354,7 +349,7 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
                 if sever is not None:
                     for l2 in range(layer + 1, L):
                         nm = hooks.mlp_out(l2) if sever == "mlp" else hooks.attn_out(l2)
-                        rs.add(nm, r0, r1, t, sever_vals[nm][:, t])
+                        rs.add(nm, r0, r1, t, box[nm][:, t])
             else:
                 for l2 in window_layers(layer, window, L):
                     nm = names[l2]
