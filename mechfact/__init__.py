@@ -46,6 +46,12 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "lre": ("mechfact.llm.lre", "lre"),
     "lre_sweep": ("mechfact.llm.lre", "lre_sweep"),
     "causal_trace": ("mechfact.causal", "causal_trace"),
+    "attention_knockout": ("mechfact.causal", "attention_knockout"),
+    "attribute_rate": ("mechfact.causal", "attribute_rate"),
+    "extraction_events": ("mechfact.causal", "extraction_events"),
+    "attribution_patching": ("mechfact.causal", "attribution_patching"),
+    "state_transfer": ("mechfact.causal", "state_transfer"),
+    "relation_selectivity": ("mechfact.causal", "relation_selectivity"),
     "llm_superposition": ("mechfact.llm.superposition", "llm_superposition"),
     # synthetic facts: worlds, one-layer models, training, constructions
     "FactWorld": ("mechfact.facts.world", "FactWorld"),

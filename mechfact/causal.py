@@ -76,3 +76,116 @@ def causal_trace(model, source, *, kind: str = "state", corruption: str = "noise
     return tracing.causal_trace_queries(model, queries, kind=kind, corruption=corruption, metric=metric,
                                         window=window, sever=sever, noise_factor=noise_factor, n_draws=n_draws,
                                         seed=seed, batch_rows=batch_rows, progress=progress)
+
+
+# ---- attribute extraction, attribution patching and the geometric-recall tests, with the same sources --------------
+
+def _needs_lm(model, source) -> None:
+    if not hasattr(model, "tokenizer"):
+        raise ValueError(f"source of type {type(source).__name__} with a {type(model).__name__}: relations need a "
+                         "LanguageModel; a fact model takes its FactWorld")
+
+
+def _known_queries(model, source, *, max_facts: int | None, seed: int, corruption: str = "noise", k_shot: int = 0,
+                   template: int = 0, n_replace: int = 5) -> list[dict]:
+    queries, _ = trace_queries(model, source, corruption=corruption, max_facts=max_facts, k_shot=k_shot,
+                               template=template, n_replace=n_replace, seed=seed)
+    if not queries:
+        raise ValueError("no known facts: the model answers none of the queries correctly"
+                         + (" with a same-length replacement subject" if corruption == "replace" else ""))
+    return queries
+
+
+def attention_knockout(model, source, *, window: int | None = None, targets=("subject", "relation", "last"),
+                       layers=None, max_facts: int | None = None, k_shot: int = 0, template: int = 0, seed: int = 0,
+                       progress: bool = False):
+    """Attention knockout (Geva et al. 2023) on the facts ``model`` knows in ``source`` (a FactWorld, or
+    relations): the last position's attention to the subject / relation / last position blocked over a window of
+    layers; the relative change of the answer's probability (:mod:`mechfact.probes.extraction`)."""
+    from .probes import extraction
+
+    queries = _known_queries(model, source, max_facts=max_facts, seed=seed, k_shot=k_shot, template=template)
+    return extraction.attention_knockout(model, queries, window=window, targets=targets, layers=layers,
+                                         progress=progress)
+
+
+def _with_attributes(model, source, queries: list[dict]) -> list[dict]:
+    from .facts.world import FactWorld
+    from .probes import extraction
+
+    if isinstance(source, FactWorld):
+        return extraction.world_attributes(source, queries)
+    from .llm.relations import as_relations
+
+    return extraction.relation_attributes(model.tokenizer, queries, as_relations(source))
+
+
+def attribute_rate(model, source, *, k: int = 50, positions=("subject_last", "last"), layers=None,
+                   max_facts: int | None = None, k_shot: int = 0, template: int = 0, seed: int = 0,
+                   progress: bool = False):
+    """Attribute rate (Geva et al. 2023): the share of the top-``k`` logit-lens tokens at each position and layer
+    that are attributes of the subject (its objects under every relation of ``source``), beside the rate of
+    another subject's attributes."""
+    from .probes import extraction
+
+    queries = _known_queries(model, source, max_facts=max_facts, seed=seed, k_shot=k_shot, template=template)
+    return extraction.attribute_rate(model, _with_attributes(model, source, queries), k=k, positions=positions,
+                                     layers=layers, seed=seed, progress=progress)
+
+
+def extraction_events(model, source, *, max_facts: int | None = None, k_shot: int = 0, template: int = 0,
+                      seed: int = 0, progress: bool = False):
+    """Extraction events (Geva et al. 2023): per layer, the share of known facts whose attention or MLP update at
+    the last position has the answer as its logit-lens top-1 token."""
+    from .probes import extraction
+
+    queries = _known_queries(model, source, max_facts=max_facts, seed=seed, k_shot=k_shot, template=template)
+    return extraction.extraction_events(model, queries, progress=progress)
+
+
+def attribution_patching(model, source, *, kind: str = "state", corruption: str = "noise", metric: str = "prob",
+                         n_draws: int = 10, noise_factor: float = 3.0, layers=None, max_facts: int | None = None,
+                         k_shot: int = 0, template: int = 0, n_replace: int = 5, seed: int = 0,
+                         agreement: bool = False, progress: bool = False):
+    """Attribution patching (AtP): the linear estimate of every single-site restoration of a causal trace from two
+    forward passes and one backward pass. ``agreement=True``: also the exact trace (window 1) and their rank
+    correlation per prompt (:class:`mechfact.probes.attribution.Agreement`)."""
+    from .probes import attribution
+
+    queries = _known_queries(model, source, max_facts=max_facts, seed=seed, corruption=corruption, k_shot=k_shot,
+                             template=template, n_replace=n_replace)
+    fn = attribution.atp_agreement if agreement else attribution.attribution_patching
+    return fn(model, queries, kind=kind, corruption=corruption, metric=metric, noise_factor=noise_factor,
+              n_draws=n_draws, seed=seed, layers=layers, progress=progress)
+
+
+def state_transfer(model, source, *, layers=None, max_facts: int | None = None, template: int = 0, seed: int = 0,
+                   batch_size: int = 64, progress: bool = False):
+    """Subject-state transfer: a subject's state read from a neutral context, patched into another subject's
+    relation prompt, makes the model give the first subject's attribute? (:mod:`mechfact.probes.state_transfer`;
+    ``source``: a FactWorld, or relations of a pretrained model: a Relation, a list, a file or folder)."""
+    from .facts.world import FactWorld
+    from .probes import state_transfer as st
+
+    if not isinstance(source, FactWorld):
+        from .llm.transfer import transfer_facts
+
+        _needs_lm(model, source)
+        source = transfer_facts(model, source, template=template)
+    return st.state_transfer(model, source, layers=layers, max_facts=max_facts, seed=seed, progress=progress,
+                             batch_size=batch_size)
+
+
+def relation_selectivity(model, source, *, layer: int | None = None, n_units: int | None = None, template: int = 0,
+                         seed: int = 0):
+    """Relation selectivity of the last-position MLP units: ablate the units most selective for one relation and
+    measure every relation, against as many random units (:mod:`mechfact.probes.state_transfer`)."""
+    from .facts.world import FactWorld
+    from .probes import state_transfer as st
+
+    if not isinstance(source, FactWorld):
+        from .llm.transfer import known_facts
+
+        _needs_lm(model, source)
+        source = known_facts(model, source, template=template)
+    return st.relation_selectivity(model, source, layer=layer, n_units=n_units, seed=seed)

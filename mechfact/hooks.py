@@ -43,6 +43,11 @@ def attn_pattern(layer: int) -> str:
     return f"blocks.{_layer(layer)}.attn.hook_pattern"
 
 
+def attn_scores(layer: int) -> str:
+    """Attention scores before the softmax, (batch, head, query_pos, key_pos)."""
+    return f"blocks.{_layer(layer)}.attn.hook_attn_scores"
+
+
 def attn_out(layer: int) -> str:
     """Attention output written to the residual stream, (batch, pos, d_model)."""
     return f"blocks.{_layer(layer)}.hook_attn_out"

@@ -74,6 +74,10 @@ def test_quickstart_claims_carry_this_runs_numbers(fast_report):
     llm = json.loads((out / "llm_probe" / "result.json").read_text())
     assert all(r["n_known"] > 0 for r in llm["relations"])
     assert (out / "llm_superposition" / "result.json").is_file()
+    trace = json.loads((out / "llm_trace" / "result.json").read_text())
+    peak = trace["pooled"]["state"]["peak_last_subject"]
+    assert f"peak {fmt(peak['aie'])}" in by["Meng et al. (NeurIPS 2022), causal tracing"]["measured"]
+    assert 'id="trace"' in html and trace["pooled"]["state"]["n_facts"] == 1
     facts = json.loads((out / "facts_train" / "result.json").read_text())
     assert facts["accuracy"] >= 0.99
 
@@ -221,10 +225,15 @@ def test_sizes_default_leaves_the_slow_secondary_runs_to_full():
     keys = {s.mode: [m["key"] for m in probe_models(s)] for s in (default, full, fast)}
     assert keys["default"] == ["construction", "default-pool", "geometric-pool", "default-bijection"]
     assert keys["full"] == keys["default"] + ["geometric-bijection"] and keys["fast"] == keys["default"]
-    assert llm_layers(30, default) == {"readout": [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 29], "superposition": [0, 15, 29]}
+    assert llm_layers(30, default) == {"readout": [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 29], "superposition": [0, 15, 29],
+                                       "trace": [-1, 0, 5, 10, 15, 20, 25, 29]}
     assert llm_layers(30, full)["superposition"] == [0, 7, 15, 22, 29]
-    assert llm_layers(30, fast) == {"readout": [0, 7, 15, 22, 29], "superposition": [0, 15, 29]}
+    assert llm_layers(30, full)["trace"] == list(range(-1, 30))  # --full traces every layer, 6 facts
+    assert llm_layers(30, fast) == {"readout": [0, 7, 15, 22, 29], "superposition": [0, 15, 29],
+                                    "trace": [-1, 0, 6, 12, 18, 24, 29]}
+    assert (fast.trace_facts, default.trace_facts, full.trace_facts) == (1, 3, 6)
     # everything else is the same in the default and --full
-    same = {k: v for k, v in vars(default).items() if k not in ("mode", "probe_keys", "superposition_layers")}
+    same = {k: v for k, v in vars(default).items() if k not in ("mode", "probe_keys", "superposition_layers",
+                                                                 "trace_facts", "trace_step")}
     assert same == {k: v for k, v in vars(full).items() if k in same}
     assert fast.memory_d == (12, 16) and default.memory_d == (16, 24)

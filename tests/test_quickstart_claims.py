@@ -323,9 +323,41 @@ def test_llm_superposition(layers, verdict):
     assert c.verdict == verdict, c.why
 
 
+def _trace(subj: dict, last: dict, lo: float = 0.05, n_layers: int = 30):
+    """A pooled state trace: AIE per layer of the last subject token and of the last token (the peak's lower
+    95% bound ``lo``)."""
+    layers = sorted(set(subj) | set(last))
+
+    def rows(curve):
+        return [{"layer": l, "aie": curve.get(l), "aie_ci": [lo, 0.9], "aie_n": 5} for l in layers]
+    peak = max(subj, key=subj.get)
+    return {"model": "m", "n_layers": n_layers, "pooled": {"state": {
+        "n_facts": 5, "total_effect": 0.5, "total_effect_ci": [0.4, 0.6],
+        "peak_last_subject": {"layer": peak, "aie": subj[peak], "aie_ci": [lo, 0.9]},
+        "aie": {"last_subject": rows(subj), "last": rows(last)}}}}
+
+
+EARLY = {-1: 0.1, 5: 0.2, 10: 0.3, 20: 0.05, 29: 0.0}
+LATE_LAST = {-1: 0.0, 5: 0.0, 10: 0.05, 20: 0.4, 29: 0.5}
+
+
+@pytest.mark.parametrize("trace, verdict", [
+    (_trace(EARLY, LATE_LAST), HOLDS),  # peak at 10 of 30, the last token rises from 20
+    (_trace({**EARLY, 18: 0.31}, LATE_LAST), HOLDS),  # peak at 18 of 30: 0.60 of the depth, at the bar
+    (_trace({**EARLY, 19: 0.31}, {**LATE_LAST, 19: 0.0}), PART),  # peak at 19 of 30: past 60% of the depth
+    (_trace(EARLY, {**LATE_LAST, 10: 0.3}), PART),  # the last token rises at the peak layer itself
+    (_trace(EARLY, LATE_LAST, lo=-0.01), PART),  # the peak's interval reaches 0: too few facts
+    (_trace({-1: -0.01, 10: -0.02}, LATE_LAST, lo=-0.05), NOT),  # nothing restored at the subject
+    ({}, NOT_RUN),
+])
+def test_trace(trace, verdict):
+    c = L.claim_trace(trace, "trace")
+    assert c.verdict == verdict, c.why
+
+
 def test_skipped_and_not_run_rows_cite_no_file():
     for c in (L.claim_llm_skipped("no model"), C.claim_rank_not_run(), C.claim_multihop_not_run()):
         assert c.verdict == NOT_RUN and "SCIENCE" not in c.source
-    assert set(C.REFERENCES) == {"paper A", "paper B", "Hernandez et al. 2024"}
+    assert set(C.REFERENCES) == {"paper A", "paper B", "Hernandez et al. 2024", "Meng et al. 2022"}
     for ref in C.REFERENCES.values():
-        assert any(str(y) in ref for y in (2024, 2026)) and "." in ref
+        assert any(str(y) in ref for y in (2022, 2024, 2026)) and "." in ref

@@ -188,6 +188,8 @@ def register(subparsers) -> dict:
     p.add_argument("--template", type=int, default=0, help="prompt template index per relation (default 0)")
     p.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     p.add_argument("--batch-rows", type=int, default=256, help="rows per forward pass (default 256)")
+    p.add_argument("--layers", nargs="+", type=int, default=None, metavar="L",
+                   help="the layers traced (default every layer; -1, the embedding, with state)")
     common_args(p)
     return {"llm": _run_llm}
 
@@ -226,7 +228,8 @@ def _run_llm(a) -> None:
         cfg = TraceConfig(model=a.model, relations=a.relations, relation_names=a.relation_names, kinds=a.kinds,
                           corruption=a.corruption, metric=a.metric, window=a.window, n_draws=a.draws,
                           noise_factor=a.noise_factor, n_replace=a.replacements, max_facts=a.max_facts,
-                          k_shot=a.k_shot, template=a.template, dtype=a.dtype, batch_rows=a.batch_rows)
+                          k_shot=a.k_shot, template=a.template, dtype=a.dtype, batch_rows=a.batch_rows,
+                          layers=a.layers)
         run_llm_trace(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
     elif a.llm_sub == "superposition":
         from ..llm.superposition import SuperpositionConfig, run_llm_superposition

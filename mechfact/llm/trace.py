@@ -104,6 +104,7 @@ class TraceConfig(DictConfig):
     template: int = 0
     dtype: str = "float32"
     batch_rows: int = 256
+    layers: list[int] | None = None  # the layers traced; None = every layer (and -1, the embedding, for state)
 
     def __post_init__(self) -> None:
         for k in self.kinds or ():
@@ -147,6 +148,8 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     window = tracing.default_window(lm.n_layers) if cfg.window is None else cfg.window
     if window > lm.n_layers:
         raise ValueError(f"--window {window}: larger than the depth of {lm.name} ({lm.n_layers} layers)")
+    for kind in cfg.kind_list:
+        tracing.traced_layers(lm.n_layers, _split_kind(kind)[0], cfg.layers)
     reps = cfg.n_replace if cfg.corruption == "replace" else 0
     todo = []  # the known facts of every relation first: a run with nothing to trace stops before it starts
     for rel in rels:
@@ -173,7 +176,8 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
                 res = tracing.causal_trace_queries(lm, queries, kind=base, corruption=cfg.corruption,
                                                    metric=cfg.metric, window=window, sever=sever,
                                                    noise_factor=cfg.noise_factor, n_draws=cfg.n_draws, seed=seed,
-                                                   batch_rows=cfg.batch_rows, progress=progress)
+                                                   batch_rows=cfg.batch_rows, layers=cfg.layers,
+                                                   progress=progress)
                 row.update(noise=res.noise, layers=list(res.layers), summary=res.summary(seed),
                            facts=[{**f, "subject_text": q["subject_text"], "object": q["object"]}
                                   for f, q in zip(res.to_dict()["facts"], queries)])

@@ -33,6 +33,7 @@ mean over the bucket's tokens (empty buckets: NaN, left out of the means).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -228,6 +229,42 @@ def _run(model, tokens: torch.Tensor, restorer: _Restorer, extra=()) -> torch.Te
     return model.final_logits(restorer.final).float()
 
 
+def _block_list(model) -> torch.nn.ModuleList | None:
+    """The wrapped Hugging Face model's list of decoder layers, when it holds the bridge's blocks (the bridge runs
+    the Hugging Face forward, which loops over that list)."""
+    bridge = getattr(model, "bridge", None)
+    blocks = getattr(bridge, "blocks", None)
+    hf = getattr(bridge, "original_model", None)
+    if blocks is None or hf is None or len(blocks) == 0:
+        return None
+    for _, mod in hf.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == len(blocks) and mod[0] is blocks[0]:
+            return mod
+    return None
+
+
+@contextlib.contextmanager
+def _blocks_from(model, first: int):
+    """Run only blocks ``first..L-1``. A bridge's ``start_at_layer`` still runs the blocks before ``first`` and
+    discards their output; here the decoder's layer list is cut to the suffix for the duration (each layer keeps
+    its own index, so attention types and masks are unchanged; the per-cell reference test checks the scores)."""
+    owner, name, layers = None, None, _block_list(model)
+    if layers is not None and first > 0:
+        hf = model.bridge.original_model
+        for mod in hf.modules():
+            for n, child in mod.named_children():
+                if child is layers:
+                    owner, name = mod, n
+    if owner is None:
+        yield
+        return
+    setattr(owner, name, torch.nn.ModuleList(list(layers)[first:]))
+    try:
+        yield
+    finally:
+        setattr(owner, name, layers)
+
+
 def _run_from(model, resid: torch.Tensor, layer: int, restorer: _Restorer, start_hook: str) -> torch.Tensor:
     """Logits at the answer position of a run that starts from ``resid``, the residual stream after block
     ``layer`` (the restorations at ``start_hook``, that very state, already written into it): only the blocks
@@ -236,10 +273,30 @@ def _run_from(model, resid: torch.Tensor, layer: int, restorer: _Restorer, start
     if layer + 1 == _n_layers(model):
         return model.final_logits(resid[:, restorer.answer_pos]).float()
     try:
-        model.run_with_hooks(resid, start_at_layer=layer + 1, fwd_hooks=restorer.hooks(skip=[start_hook]))
+        with _blocks_from(model, layer + 1):
+            model.run_with_hooks(resid, start_at_layer=layer + 1, fwd_hooks=restorer.hooks(skip=[start_hook]))
     except _Stop:
         pass
     return model.final_logits(restorer.final).float()
+
+
+def corrupted_inputs(tokens: torch.Tensor, subject: tuple[int, int], d_model: int, *, corruption: str,
+                     noise: float | None, n_draws: int, replacements: torch.Tensor | None, seed: int,
+                     index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(rows of corrupted prompts, the noise added to their subject embeddings or None): ``noise`` -- the prompt
+    ``n_draws`` times and (n_draws, subject length, d_model) Gaussian draws of scale ``noise``, seeded by the query
+    ``index``; ``replace`` -- the replacement prompts, unchanged."""
+    n = tokens.shape[0]
+    s0, s1 = subject
+    if corruption == "noise":
+        if noise is None:
+            raise ValueError("corruption 'noise' needs noise (nu); see noise_scale")
+        g = torch.Generator().manual_seed(derive_seed(seed, "probes.tracing.noise", index))
+        return tokens[None].expand(n_draws, n), torch.randn(n_draws, s1 - s0 + 1, d_model, generator=g) * noise
+    if replacements is None or replacements.ndim != 2 or replacements.shape[1] != n:
+        raise ValueError(f"corruption 'replace' needs replacements of shape (K, {n}): prompts with the subject "
+                         f"swapped for another of the same token length")
+    return replacements.to(tokens.device), None
 
 
 @torch.no_grad()
@@ -270,18 +327,8 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
     y = int(clean_logits.argmax())
     # corrupted runs
     embed_hook = []
-    if corruption == "noise":
-        if noise is None:
-            raise ValueError("corruption 'noise' needs noise (nu); see noise_scale")
-        g = torch.Generator().manual_seed(derive_seed(seed, "probes.tracing.noise", index))
-        eps = torch.randn(n_draws, s1 - s0 + 1, cache[names[0]].shape[-1], generator=g) * noise
-        base = tokens[None].expand(n_draws, n)
-    else:
-        if replacements is None or replacements.ndim != 2 or replacements.shape[1] != n:
-            raise ValueError(f"corruption 'replace' needs replacements of shape (K, {n}): prompts with the subject "
-                             f"swapped for another of the same token length")
-        base = replacements.to(dev)
-        eps = None
+    base, eps = corrupted_inputs(tokens, subject, cache[names[0]].shape[-1], corruption=corruption, noise=noise,
+                                 n_draws=n_draws, replacements=replacements, seed=seed, index=index)
     D = base.shape[0]
 
     def noise_hook(rows: int):
@@ -414,5 +461,5 @@ def fact_queries(ps, index=None) -> list[dict]:
 
 
 __all__ = ["KINDS", "SEVER", "CORRUPTIONS", "METRICS", "BUCKETS", "FactTrace", "TraceResult", "trace_query",
-           "causal_trace_queries", "fact_queries", "noise_scale", "window_layers", "default_window", "traced_layers"]
+           "causal_trace_queries", "fact_queries", "noise_scale", "corrupted_inputs", "window_layers", "default_window", "traced_layers"]
 

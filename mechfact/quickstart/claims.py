@@ -23,7 +23,10 @@ PAPER_B = ("S. Ravfogel, G. Yehudai, J. Bruna, A. Bietti (2026). Geometric factu
            "arXiv:2605.12426")
 LRE_PAPER = ("E. Hernandez, A. S. Sharma, T. Haklay, K. Meng, M. Wattenberg, J. Andreas, Y. Belinkov, D. Bau "
              "(2024). Linearity of relation decoding in transformer language models. ICLR 2024")
-REFERENCES = {"paper A": PAPER_A, "paper B": PAPER_B, "Hernandez et al. 2024": LRE_PAPER}
+TRACE_PAPER = ("K. Meng, D. Bau, A. Andonian, Y. Belinkov (2022). Locating and editing factual associations in GPT. "
+               "NeurIPS 2022")
+REFERENCES = {"paper A": PAPER_A, "paper B": PAPER_B, "Hernandez et al. 2024": LRE_PAPER,
+              "Meng et al. 2022": TRACE_PAPER}
 
 # ---- the papers' numbers (constants, with their source) ------------------------------------------------------
 ALPHA_OPT = theory.ALPHA_OPTIMAL  # paper A: optimal capacity alpha_c = 1/2 (replica method)

@@ -9,12 +9,19 @@ from .cells import f2, with_ci
 from .claims import DECODABLE, LRE_FAITHFULNESS, not_measured
 
 LRE_SOURCE = "Hernandez et al. (ICLR 2024)"
+TRACE_SOURCE = "Meng et al. (NeurIPS 2022), causal tracing"
+TRACE_PEAK = (15, 0.087)  # GPT-2 XL: the last subject token's state, average indirect effect at its peak layer
+EARLY_MIDDLE = 0.6  # the last subject token's peak must lie in the first 60% of the depth
 HEADS = {
     "lre": ("A relation is well approximated by an affine map of the subject state (LRE): its decoded top token "
             "matches the object", LRE_SOURCE, f"mean faithfulness {fmt(LRE_FAITHFULNESS[0])}-{fmt(LRE_FAITHFULNESS[1])} "
             "on factual relations (GPT-2-XL, GPT-J, LLaMA-13B)"),
     "readout": ("Relations are linearly decodable from the subject's hidden state (held-out subjects, per layer)",
                 "paper B's LLM probing (Qwen, Llama, Phi)", "qualitative (no number quoted)"),
+    "trace": ("Restoring the subject's last-token state in early-to-middle layers brings a corrupted fact back; at the "
+              "last token the effect appears only in later layers", TRACE_SOURCE,
+              f"GPT-2 XL: peak {TRACE_PEAK[1]:.1%} at layer {TRACE_PEAK[0]} of 48 "
+              f"({TRACE_PEAK[0] / 48:.2f} of the depth) on the last subject token; total effect 18.6%"),
     "superposition": ("A subject's hidden state holds a linear superposition of its attribute vectors under several "
                       "relations", "paper B (LLM probing)", "qualitative (no number quoted)"),
 }
@@ -133,6 +140,38 @@ def claim_llm_superposition(sup: dict, model: str, section: str | None = None) -
         v, why = NOT, ("the additive fit is not distinguishable from its null at any layer, and fewer than 2 "
                        f"attributes are decodable (readout {DECODABLE} above control and chance, p < 0.01)")
     return Claim(*HEADS["superposition"], measured, v, section, why)
+
+
+def claim_trace(trace: dict, section: str | None = None) -> Claim:
+    """From the pooled ``state`` trace: the last subject token's peak indirect effect must be above 0 (the lower
+    end of its 95% bootstrap interval over facts) in the first ``EARLY_MIDDLE`` of the depth, and the last token's
+    curve must reach half its own maximum only after that peak layer."""
+    s = ((trace or {}).get("pooled") or {}).get("state")
+    if not s or not s.get("peak_last_subject"):
+        return not_measured("trace", section, HEADS)
+    n_layers, p = trace["n_layers"], s["peak_last_subject"]
+    facts = f"{s['n_facts']} known fact{'' if s['n_facts'] == 1 else 's'}"
+    lo = (p.get("aie_ci") or [None])[0]
+    depth = max(p["layer"], 0) / n_layers
+    last = [r for r in s["aie"]["last"] if r["aie"] is not None]
+    top = max((r["aie"] for r in last), default=0.0)
+    rise = next((r["layer"] for r in last if top > 0 and r["aie"] >= top / 2), None)
+    measured = (f"[{trace['model']}, {facts}, {n_layers} layers] last subject token: peak "
+                f"{with_ci(p, 'aie')} at layer {p['layer']} ({depth:.2f} of the depth); last token: half its "
+                f"maximum ({fmt(top)}) from layer {rise}; total effect {with_ci(s, 'total_effect')}")
+    late = rise is not None and rise > p["layer"]
+    if lo is not None and lo > 0 and depth <= EARLY_MIDDLE and late:
+        v, why = HOLDS, (f"the last subject token's peak is above 0 (95% interval) in the first {EARLY_MIDDLE:.0%} "
+                         "of the depth, and the last token's effect rises only after it")
+    elif lo is not None and lo > 0:
+        v, why = PART, ("the last subject token's state restores the fact (interval above 0), but "
+                        + ("its peak lies late in the depth" if depth > EARLY_MIDDLE else
+                           "the last token's effect rises no later than that peak"))
+    elif p["aie"] > 0:
+        v, why = PART, f"the peak's 95% interval reaches 0 with {facts}: too few to tell"
+    else:
+        v, why = NOT, "restoring the last subject token's state restores nothing"
+    return Claim(*HEADS["trace"], measured, v, section, why)
 
 
 def claim_llm_skipped(reason) -> Claim:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from .claims_llm import claim_llm_readout, claim_llm_skipped, claim_llm_superposition, claim_lre
+from .claims_llm import claim_llm_readout, claim_llm_skipped, claim_llm_superposition, claim_lre, claim_trace
 from .layout import Part
-from .layout_llm import families_section, llm_section, skipped_section
+from .layout_llm import families_section, llm_section, skipped_section, trace_section
 from .sizes import Sizes, llm_layers, sizes_for
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,13 @@ def _llm_runs(lm, out: Path, *, device, seed: int, fast: bool = False, lre: bool
                          max_test=6 if small else 10, n_trials=1, ranks=[64, lm.d_model])
         logger.info("LLM %s: linear relational embeddings at layer %d", lm.name, n // 2)
         runs["lre"] = run_llm_lre(lcfg, out / "llm_lre", device=device, seed=seed, lm=lm)
+        from ..llm.trace import TraceConfig, run_llm_trace
+
+        tcfg = TraceConfig(relation_names=["country_capital"], kinds=["state"], max_facts=sz.trace_facts,
+                           layers=layers["trace"])
+        logger.info("LLM %s: causal trace of %d known facts (%d layers)", lm.name, sz.trace_facts,
+                    len(layers["trace"]))
+        runs["trace"] = run_llm_trace(tcfg, out / "llm_trace", device=device, seed=seed, lm=lm)
     sl = layers["superposition"]
     logger.info("LLM %s: superposition of the countries' attributes at layers %s", lm.name, sl)
     with warnings.catch_warnings():  # sklearn: "unique classes > 50% of samples" (one-to-one attributes; expected)
@@ -87,8 +94,10 @@ def llm_part(out: Path, *, device: torch.device, seed: int = 0, fast: bool = Fal
     plots.plot_readout(pr, figs / "llm_readout.png", cols=2)
     plots.plot_lre_detail(lr, figs / "llm_lre.png")
     sec = llm_section(out, figs, runs)
-    part = Part([sec], [claim_lre(lr, pr["model"], sec.anchor), claim_llm_readout(pr, pr["model"], sec.anchor),
-                        claim_llm_superposition(sup, pr["model"], sec.anchor)])
+    tsec = trace_section(out, runs["trace"])
+    part = Part([sec, tsec], [claim_lre(lr, pr["model"], sec.anchor), claim_llm_readout(pr, pr["model"], sec.anchor),
+                              claim_llm_superposition(sup, pr["model"], sec.anchor),
+                              claim_trace(runs["trace"], tsec.anchor)])
     del lm
     fam = _installed_families(families)
     if fam:

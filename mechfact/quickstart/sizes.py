@@ -38,6 +38,8 @@ class Sizes:
     # pretrained model
     llm_fast: bool = False  # --fast's LLM sizes (5 readout layers, 2 relations, 24 samples)
     superposition_layers: str = "three"  # three: {0, n/2, n-1}; five: {0, n/4, n/2, 3n/4, n-1}
+    trace_facts: int = 3  # known country_capital facts in the causal trace (state restorations)
+    trace_step: int = 5  # every trace_step-th layer traced (with the embedding and the last layer)
 
     @property
     def fast(self) -> bool:
@@ -49,9 +51,11 @@ def sizes_for(fast: bool = False, full: bool = False) -> Sizes:
     if fast:
         return Sizes("fast", memory_d=(12, 16), memory_seeds=2, memory_steps=1500, memory_patience=300, scores_d=24,
                      spectrum_d=24, spectrum_seeds=2, spectrum_steps=300, facts_n=64, facts_r=2,
-                     capacity_subjects=(64,), capacity_relations=(1, 2), capacity_steps=400, llm_fast=True)
+                     capacity_subjects=(64,), capacity_relations=(1, 2), capacity_steps=400, llm_fast=True,
+                     trace_facts=1, trace_step=6)
     if full:
-        return Sizes("full", probe_keys=Sizes.probe_keys + ("geometric-bijection",), superposition_layers="five")
+        return Sizes("full", probe_keys=Sizes.probe_keys + ("geometric-bijection",), superposition_layers="five",
+                     trace_facts=6, trace_step=1)
     return Sizes("default")
 
 
@@ -79,4 +83,5 @@ def llm_layers(n: int, sizes: Sizes) -> dict:
         sup = sorted({0, n // 4, n // 2, (3 * n) // 4, n - 1})
     else:
         sup = sorted({0, n // 2, n - 1})
-    return {"readout": readout, "superposition": sup}
+    trace = sorted({-1, n - 1} | set(range(0, n, sizes.trace_step)))
+    return {"readout": readout, "superposition": sup, "trace": trace}
