@@ -62,6 +62,12 @@ def test_api_doc_without_the_embedded_model(tmp_path, one_thread):
     assert re.search(r"trained: accuracy 1\.000", text)
     m = re.search(r"construction d=\d+: accuracy ([\d.]+), R\^2 ([\d.]+), zero-shot swap ([\d.]+)", text)
     assert float(m.group(1)) >= 0.99 and float(m.group(2)) >= 0.99 and float(m.group(3)) >= 0.95, m.group(0)
+    m = re.search(r"blocking attention to the subject: (-?\d+)% of p\(answer\); attribute rate at the subject's "
+                  r"embedding ([\d.]+) \(another subject's ([\d.]+)\); AtP vs exact Spearman ([\d.-]+); embedding "
+                  r"transfer ([\d.]+) \(control ([\d.]+)\); selectivity ([\d.-]+) \(random units ([\d.-]+)\)", text)
+    ko, rate, other, rho, tr, ctl, sel, rnd = (float(x) for x in m.groups())
+    assert ko < -90 and rate == 1.0 and other < 0.3 and rho > 0.8 and tr >= 0.95 and ctl <= 0.1, m.group(0)
+    assert sel > rnd + 0.3, m.group(0)
     m = re.search(r"Hebb ([\d.]+), trained ([\d.]+), perfect recall possible: (\w+)", text)
     assert float(m.group(1)) < 1.0 and float(m.group(2)) == 1.0 and m.group(3) == "True", m.group(0)
 
