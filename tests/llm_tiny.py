@@ -93,3 +93,35 @@ def build_model(family: str, folder: Path) -> Path:
     model = AutoModelForCausalLM.from_config(cfg).eval()
     model.save_pretrained(folder)
     return folder
+
+
+def train_to_know(folder: Path, relations: Path, steps: int = 150) -> Path:
+    """Train the tiny checkpoint in ``folder`` (full batch, Adam, seed 0) until it answers the zero-shot prompts of
+    ``relations`` (every fact known), and save it back. The target is the object's own first token: the tiny
+    tokenizer often splits ``" " + object`` into a bare space first, and the object's first token is a prefix of it
+    (the LRE authors' match)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mechfact.llm.prompts import build_prompts
+    from mechfact.llm.relations import load_relations
+    from mechfact.probes.queries import pad_batch
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    hf = AutoModelForCausalLM.from_pretrained(folder)
+    prompts = [p for rel in load_relations(relations) for p in build_prompts(rel, tok, tok.bos_token_id, k=0)]
+    toks, mask, _, _ = pad_batch([p.tokens for p in prompts], tok.pad_token_id)
+    last = torch.tensor([len(p.tokens) - 1 for p in prompts])
+    y = torch.tensor([tok(p.object, add_special_tokens=False)["input_ids"][0] for p in prompts])
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(hf.parameters(), lr=1e-2)
+    hf.train()
+    for _ in range(steps):
+        logits = hf(toks, attention_mask=mask).logits[torch.arange(len(prompts)), last]
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    hf.eval()
+    hf.save_pretrained(folder)
+    return folder

@@ -239,6 +239,29 @@ def test_llm_relations_on_ray_equal_the_local_run(command, tmp_path):
         assert len(result["per_layer"]) == 2 * 3 and result["best_layers"]
 
 
+@pytest.mark.slow
+def test_llm_trace_on_ray_equals_the_local_run(tmp_path):
+    """`llm trace --executor ray`: one task per relation (every kind of it), each worker loading the model; the
+    driver writes the local run's result.json byte for byte, rows in relation and kind order."""
+    from llm_tiny import build_model, train_to_know, write_relations
+
+    rels = write_relations(tmp_path / "rels")
+    model = train_to_know(build_model("llama", tmp_path / "llama"), rels)
+    argv = ["llm", "trace", "--model", str(model), "--relations", str(rels), "--kinds", "state", "severed_mlp",
+            "--max-facts", "2", "--draws", "3", "--device", "cpu", "--quiet"]
+    env = {**os.environ, "TQDM_DISABLE": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
+    for name, extra in (("local", ["--threads", "1"]), ("ray", ["--executor", "ray", "--workers", "2"])):
+        r = subprocess.run([sys.executable, "-m", "mechfact.cli", *argv, *extra, "--out", str(tmp_path / name)],
+                           capture_output=True, text=True, timeout=300,
+                           env={**env, "MECHFACT_CACHE": str(tmp_path / f"cache_{name}")})
+        assert r.returncode == 0, r.stderr
+    _same_results(tmp_path / "local", tmp_path / "ray")
+    rows = json.loads((tmp_path / "ray" / "result.json").read_text())["per_relation"]
+    assert [(x["relation"], x["kind"]) for x in rows] == [(r, k) for r in ("tiny_capital", "tiny_colour")
+                                                           for k in ("state", "severed_mlp")]
+    assert all(x["n_traced"] == 2 and x["summary"]["n_facts"] == 2 for x in rows)
+
+
 def test_llm_lre_refuses_an_in_memory_model_on_ray(tmp_path):
     from llm_tiny import build_model, write_relations
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from llm_tiny import build_model, write_relations
+from llm_tiny import build_model, train_to_know, write_relations
 
 
 @pytest.fixture(scope="module")
@@ -24,46 +24,19 @@ def construction():
     return construct(world)[0], world
 
 
-def _object_first_token(tok, obj: str) -> int:
-    """The tiny tokenizer often splits ``" " + object`` into a bare space first: train the object's own first
-    token, a prefix of the object (the LRE authors' match)."""
-    return tok(obj, add_special_tokens=False)["input_ids"][0]
-
-
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     """A tiny random Llama trained for 150 full-batch steps to answer the zero-shot prompts of the tiny relations
     (every fact known), as a LanguageModel, and the relations."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from mechfact.llm.loading import load_model
-    from mechfact.llm.prompts import build_prompts
     from mechfact.llm.relations import load_relations
-    from mechfact.probes.queries import pad_batch
 
     root = tmp_path_factory.mktemp("transfer_tiny")
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        folder = build_model("llama", root / "llama")
         rels = write_relations(root / "relations")
-        tok = AutoTokenizer.from_pretrained(folder)
-        hf = AutoModelForCausalLM.from_pretrained(folder)
-        prompts = [p for rel in load_relations(rels) for p in build_prompts(rel, tok, tok.bos_token_id, k=0)]
-        toks, mask, _, _ = pad_batch([p.tokens for p in prompts], tok.pad_token_id)
-        last = torch.tensor([len(p.tokens) - 1 for p in prompts])
-        y = torch.tensor([_object_first_token(tok, p.object) for p in prompts])
-        torch.manual_seed(0)
-        opt = torch.optim.Adam(hf.parameters(), lr=1e-2)
-        hf.train()
-        for _ in range(150):
-            logits = hf(toks, attention_mask=mask).logits[torch.arange(len(prompts)), last]
-            loss = torch.nn.functional.cross_entropy(logits, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        hf.eval()
-        lm = load_model(hf, tok)
+        lm = load_model(str(train_to_know(build_model("llama", root / "llama"), rels)))
     finally:
         torch.set_num_threads(n)
     return lm, load_relations(rels)

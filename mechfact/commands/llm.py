@@ -191,6 +191,7 @@ def register(subparsers) -> dict:
     p.add_argument("--layers", nargs="+", type=int, default=None, metavar="L",
                    help="the layers traced (default every layer; -1, the embedding, with state)")
     common_args(p)
+    executor_args(p)  # one job per relation; each Ray worker loads the model itself
     return {"llm": _run_llm}
 
 
@@ -230,7 +231,8 @@ def _run_llm(a) -> None:
                           noise_factor=a.noise_factor, n_replace=a.replacements, max_facts=a.max_facts,
                           k_shot=a.k_shot, template=a.template, dtype=a.dtype, batch_rows=a.batch_rows,
                           layers=a.layers)
-        run_llm_trace(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
+        with make_executor_from(a, "llm trace: relations") as executor:
+            run_llm_trace(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress, executor=executor)
     elif a.llm_sub == "superposition":
         from ..llm.superposition import SuperpositionConfig, run_llm_superposition
 

@@ -11,6 +11,7 @@ none is left out of that corruption and counted.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,16 +133,52 @@ def _split_kind(kind: str) -> tuple[str, str | None]:
     return ("state", kind.split("_", 1)[1]) if kind.startswith("severed_") else (kind, None)
 
 
+def _trace_row(lm, name: str, kind: str, queries: list[dict], counts: list[dict], cfg: TraceConfig, window: int,
+               seed: int, progress: bool = False) -> dict:
+    """One (relation, kind) row: counts, the noise scale, per-fact scores and the summary with intervals."""
+    from ..probes import tracing
+
+    base, sever = _split_kind(kind)
+    row = {"relation": name, "kind": kind, **counts[0], "n_traced": len(queries)}
+    if not queries:
+        logger.warning("%s: no known facts to trace", name)
+        return row
+    res = tracing.causal_trace_queries(lm, queries, kind=base, corruption=cfg.corruption, metric=cfg.metric,
+                                       window=window, sever=sever, noise_factor=cfg.noise_factor,
+                                       n_draws=cfg.n_draws, seed=seed, batch_rows=cfg.batch_rows, layers=cfg.layers,
+                                       progress=progress)
+    row.update(noise=res.noise, layers=list(res.layers), summary=res.summary(seed),
+               facts=[{**f, "subject_text": q["subject_text"], "object": q["object"]}
+                      for f, q in zip(res.to_dict()["facts"], queries)])
+    return row
+
+
+def _trace_job(cfg: TraceConfig, window: int, seed: int, jobs: dict, rel: Relation, device: str) -> list[dict]:
+    """One relation's rows (the kinds still missing) in an executor worker, which loads ``cfg.model`` once."""
+    from .loading import worker_model
+
+    queries, counts, kinds = jobs[rel.name]
+    lm = worker_model(cfg.model, device, cfg.dtype)
+    return [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed) for kind in kinds]
+
+
 def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int = 0, lm=None,
-                  progress: bool = False) -> dict:
+                  progress: bool = False, executor=None) -> dict:
     """Causal tracing of every relation's known facts, one kind at a time, as a run directory: ``per_relation``
     rows (relation, kind: counts, the noise scale, per-fact scores and the summary with intervals) written as
     each finishes (a rerun resumes), ``pooled``: per kind, the summary over all traced facts; one heatmap per
-    kind (``fig_trace_<kind>.png``)."""
+    kind (``fig_trace_<kind>.png``).
+
+    ``executor``: None or a local executor traces the relations one after another in this process; a Ray executor
+    runs one task per relation (each worker loads ``cfg.model`` itself, once per worker process); the driver alone
+    writes result.json, rows in relation and kind order whatever order they finish in."""
     from ..probes import tracing
     from ..runs import RunDir
     from . import plots
-    from .loading import load_model
+    from .loading import check_remote, load_model
+    from .probe import map_relations
+
+    check_remote(executor, lm)  # before anything is loaded or written
 
     rels = as_relations(cfg.relations, cfg.relation_names)
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
@@ -166,26 +203,25 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "window": window,
                               "config": cfg.to_dict(), "per_relation": [], "pooled": {}})
     done = {(r["relation"], r["kind"]) for r in result["per_relation"]}
-    for rel, queries, counts in todo:
-        for kind in cfg.kind_list:
-            if (rel.name, kind) in done:
-                continue
-            base, sever = _split_kind(kind)
-            row = {"relation": rel.name, "kind": kind, **counts[0], "n_traced": len(queries)}
-            if queries:
-                res = tracing.causal_trace_queries(lm, queries, kind=base, corruption=cfg.corruption,
-                                                   metric=cfg.metric, window=window, sever=sever,
-                                                   noise_factor=cfg.noise_factor, n_draws=cfg.n_draws, seed=seed,
-                                                   batch_rows=cfg.batch_rows, layers=cfg.layers,
-                                                   progress=progress)
-                row.update(noise=res.noise, layers=list(res.layers), summary=res.summary(seed),
-                           facts=[{**f, "subject_text": q["subject_text"], "object": q["object"]}
-                                  for f, q in zip(res.to_dict()["facts"], queries)])
-            else:
-                logger.warning("%s: no known facts to trace", rel.name)
+    order = {(rel.name, k): i for i, (rel, k) in enumerate((rel, k) for rel in rels for k in cfg.kind_list)}
+    jobs = {rel.name: (queries, counts, [k for k in cfg.kind_list if (rel.name, k) not in done])
+            for rel, queries, counts in todo}
+
+    def add(name: str, rows: list[dict]) -> None:
+        for row in rows:
             result["per_relation"].append(row)
+            result["per_relation"].sort(key=lambda r: order.get((r["relation"], r["kind"]), len(order)))
             result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
             run.write_result(result)
+
+    def local(rel):  # one kind at a time, each row written as it finishes (a rerun resumes inside a relation)
+        queries, counts, kinds = jobs[rel.name]
+        for kind in kinds:
+            add(rel.name, [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed, progress)])
+        return []
+
+    map_relations([rel for rel in rels if jobs[rel.name][2]], executor, lm, local,
+                  functools.partial(_trace_job, cfg, window, seed, jobs), add)
     result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
     return run.finish(result, plots.plot_trace, "fig_trace.png", model=lm.name, model_id=lm.model_id)
 
