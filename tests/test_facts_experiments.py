@@ -158,6 +158,20 @@ def test_geometric_flags_reach_the_saved_config(tmp_path):
     assert model.cfg.entity_init == "zero"
 
 
+def test_attribute_outputs_from_the_command_line(tmp_path):
+    """--outputs attributes: the saved model scores the pool only, learns the pool world, and reloads."""
+    import json
+
+    out = tmp_path / "a"
+    assert main(["facts", "train", "--subjects", "128", "--relations", "2", "--attributes", "8", "--d", "16",
+                 "--mlp-width", "64", "--lr", "0.03", "--steps", "600", "--eval-every", "100", "--outputs",
+                 "attributes", "--quiet", "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["config"]["model"]["outputs"] == "attributes"
+    model, world = load_fact_run(out)
+    assert model.cfg.outputs == 8 and tuple(model.W_U.shape) == (16, 8)
+    assert evaluate(model, world)["accuracy"] >= 0.99
+
+
 def test_corrupted_checkpoint_exits_2(tmp_path, capsys):
     argv = ["facts", "train", "--subjects", "16", "--relations", "1", "--d", "4", "--mlp-width", "8", "--steps", "5",
             "--eval-every", "5", "--quiet", "--out", str(tmp_path / "r")]

@@ -198,3 +198,42 @@ def test_load_errors(tmp_path):
         FactModel.load(path)
     with pytest.raises(ValueError, match="missing config.json"):
         FactModel.load(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_attribute_outputs_are_the_first_columns_of_the_entity_model(tied):
+    """outputs='attributes' scores the pool 0..A-1 only: the same initial weights as the full model, whose logits
+    restricted to the first A columns they reproduce exactly; ~N / A fewer unembedding weights."""
+    from mechfact.facts.model import build_fact_model
+    from mechfact.facts.world import FactWorld
+
+    world = FactWorld(256, 4, seed=0, attributes=16)
+    full = build_fact_model(world, d=16, mlp_width=32, tied=tied, seed=2)
+    pool = build_fact_model(world, d=16, mlp_width=32, tied=tied, seed=2, outputs="attributes")
+    assert pool.cfg.outputs == 16 and tuple(pool.W_U.shape) == (16, 16) and full.cfg.outputs == 256
+    q = world.single_hop()
+    with torch.no_grad():
+        a, b = full(q.tokens), pool(q.tokens)
+    assert torch.equal(a[..., :16], b)
+    assert full.cfg.n_weights()[0] - pool.cfg.n_weights()[0] == (0 if tied else 16 * (256 - 16))
+    bij = FactWorld(64, 2, seed=0)  # a bijection world has no smaller pool: all entities are answers
+    assert build_fact_model(bij, d=8, mlp_width=8, outputs="attributes").cfg.outputs == 64
+
+
+def test_attribute_outputs_train_and_refuse_a_larger_pool():
+    from mechfact.facts.evaluate import evaluate
+    from mechfact.facts.model import FactModelConfig, build_fact_model
+    from mechfact.facts.train import TrainConfig, train
+    from mechfact.facts.world import FactWorld
+
+    world = FactWorld(128, 2, seed=0, attributes=8)
+    model = build_fact_model(world, d=16, mlp_width=64, seed=0, outputs="attributes")
+    train(model, world, TrainConfig(lr=3e-2, steps=600, eval_every=100))
+    assert evaluate(model, world)["accuracy"] >= 0.99
+    with pytest.raises(ValueError, match=r"model scores 8 outputs \(entities 0\.\.7\) but the world's answers range "
+                                         r"over 128"):
+        evaluate(model, FactWorld(128, 2, seed=0))
+    with pytest.raises(ValueError, match=r"n_outputs=1: allowed 0 \(all 128 entities\) or 2\.\.128"):
+        FactModelConfig(128, 2, n_outputs=1)
+    with pytest.raises(ValueError, match=r"outputs='pool': allowed values are entities, attributes"):
+        build_fact_model(world, outputs="pool")

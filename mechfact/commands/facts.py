@@ -6,7 +6,7 @@ import argparse
 
 from ._args import common_args, executor_args, finite_float, make_executor_from
 from ..facts.experiments import SEARCHES
-from ..facts.model import ATTENTION, EMBEDDINGS, ENTITY_INIT
+from ..facts.model import ATTENTION, EMBEDDINGS, ENTITY_INIT, OUTPUTS
 from ..facts.train import LOSSES, SCHEDULES
 
 
@@ -25,6 +25,9 @@ def _model_args(p: argparse.ArgumentParser, attention: str = "uniform") -> None:
     p.add_argument("--layer-norm", action="store_true", help="pre-LayerNorm before attention, MLP and unembedding")
     p.add_argument("--entity-init", default="normal", choices=ENTITY_INIT,
                    help="entity input embeddings at init: normal N(0, I/d) rows, or zero (default normal)")
+    p.add_argument("--outputs", default="entities", choices=OUTPUTS,
+                   help="output vocabulary: all entities, or the world's attribute pool (--attributes A: every "
+                        "answer is one of them; N / A times cheaper to score) (default entities)")
 
 
 def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int, lr: float = 1e-2,
@@ -128,7 +131,7 @@ def _spec(a, embeddings: str = "trainable"):
     from ..facts.experiments import ModelSpec
 
     return ModelSpec(attention=a.attention, embeddings=embeddings, tied=a.tied, layer_norm=a.layer_norm,
-                     entity_init=a.entity_init)
+                     entity_init=a.entity_init, outputs=a.outputs)
 
 
 def _run(a) -> None:

@@ -15,6 +15,10 @@ def check_compatible(model: nn.Module, world: FactWorld) -> None:
     if (cfg.n_entities, cfg.n_relations) != (world.n_entities, world.n_relations):
         raise ValueError(f"model has n_entities={cfg.n_entities}, n_relations={cfg.n_relations} but the world "
                          f"has {world.n_entities}, {world.n_relations}")
+    n_out = getattr(cfg, "outputs", cfg.n_entities)
+    if n_out < world.n_attributes:
+        raise ValueError(f"model scores {n_out} outputs (entities 0..{n_out - 1}) but the world's answers range over "
+                         f"{world.n_attributes} (its attribute pool)")
     if cfg.n_special < world.n_special:
         raise ValueError(f"model has n_special={cfg.n_special}: the world needs {world.n_special} (PAD)")
 

@@ -21,7 +21,7 @@ from ..executor import Executor, Job, LocalExecutor, memo_job, merge_evaluations
 from ..limits import check_memory
 from ..runs import RunDir, atomic_path
 from .construct import block_size_for, construct, construction_width
-from .model import EMBEDDINGS, FactModel, FactModelConfig, build_fact_model
+from .model import EMBEDDINGS, OUTPUTS, FactModel, FactModelConfig, build_fact_model
 from .runio import save_fact_run
 from .train import TrainConfig, train, train_cost
 from .world import MAX_ENUMERATE, FactWorld, Queries
@@ -41,13 +41,20 @@ class ModelSpec(DictConfig):
     tied: bool = False  # entity unembedding tied to the input embedding
     layer_norm: bool = False
     entity_init: str = "normal"  # normal | zero (entity input embeddings start at 0)
+    outputs: str = "entities"  # entities | attributes (an attribute-pool world's pool only)
 
     def __post_init__(self) -> None:
-        FactModelConfig(2, 1, **self.to_dict())  # the model config's own checks, once
+        check_choice("outputs", self.outputs, OUTPUTS)
+        FactModelConfig(2, 1, **self.config_kwargs())  # the model config's own checks, once
 
     def model_kwargs(self, embeddings: str | None = None) -> dict:
         """Keyword arguments of :func:`~mechfact.facts.model.build_fact_model` (``embeddings`` overrides)."""
         return {**self.to_dict(), **({"embeddings": embeddings} if embeddings else {})}
+
+    def config_kwargs(self, embeddings: str | None = None) -> dict:
+        """Keyword arguments of :class:`~mechfact.facts.model.FactModelConfig` (the output vocabulary aside: its
+        size depends on the world)."""
+        return {k: v for k, v in self.model_kwargs(embeddings).items() if k != "outputs"}
 
 
 def _check_hops(hops: int, attention: str) -> None:
@@ -96,10 +103,14 @@ def world_bytes(subjects: int, relations: int) -> float:
 
 
 def training_cost(subjects: int, relations: int, d: int, mlp_width: int, spec: "ModelSpec", hops: int = 1,
-                  cot: bool = False, batch_size: int | None = None, embeddings: str | None = None) -> tuple[float, str]:
-    """(estimated peak bytes, what dominates) of training one model on every ``hops``-hop fact of a world."""
+                  cot: bool = False, batch_size: int | None = None, embeddings: str | None = None,
+                  attributes: int | None = None) -> tuple[float, str]:
+    """(estimated peak bytes, what dominates) of training one model on every ``hops``-hop fact of a world (with an
+    attribute pool of ``attributes``, scored over that pool when ``spec.outputs`` says so)."""
     n_ctx = 0 if hops == 1 else _positions(hops, cot)[0]
-    mcfg = FactModelConfig(subjects, relations, d=d, mlp_width=mlp_width, n_ctx=n_ctx, **spec.model_kwargs(embeddings))
+    kw = spec.config_kwargs(embeddings)
+    n_out = attributes if spec.outputs == "attributes" and attributes and attributes < subjects else 0
+    mcfg = FactModelConfig(subjects, relations, d=d, mlp_width=mlp_width, n_ctx=n_ctx, n_outputs=n_out, **kw)
     need, what = train_cost(mcfg, n_chains(subjects, relations, hops), *_positions(hops, cot), batch_size)
     return need + world_bytes(subjects, relations), what
 
@@ -146,7 +157,7 @@ class FactsTrainConfig(DictConfig):
     def check_cost(self) -> None:
         """Refuse (one line) a model and fact set that cannot fit in memory, before anything is allocated."""
         need, what = training_cost(self.subjects, self.relations, self.d, self.mlp_width, self.model, self.hops,
-                                   self.cot, self.train.batch_size)
+                                   self.cot, self.train.batch_size, attributes=self.attributes)
         flags = f"--subjects {self.subjects} --relations {self.relations} --d {self.d} --mlp-width {self.mlp_width}"
         _refuse_if_too_big([(need, flags + (f" --hops {self.hops}" if self.hops > 1 else ""), what)])
 
@@ -295,7 +306,7 @@ class FactsCapacityConfig(DictConfig):
         check_type("model", self.model, ModelSpec)
         check_type("train", self.train, TrainConfig)
         for e in self.embeddings:  # the model config's own checks of each regime
-            FactModelConfig(2, 1, **self.model.model_kwargs(e))
+            FactModelConfig(2, 1, **self.model.config_kwargs(e))
 
     def check_cost(self) -> None:
         """Refuse (one line) a search whose largest model (largest grid value, N and R) cannot fit in memory."""

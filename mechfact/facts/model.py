@@ -16,7 +16,11 @@ the standard names (see :mod:`mechfact.hooks`), so ``run_with_cache`` and
     blocks.0.hook_resid_post     (batch, pos, d)
 
 Input vocabulary: the :class:`~mechfact.facts.world.FactWorld` layout
-(entities, relations, special tokens). Output vocabulary: the N entities.
+(entities, relations, special tokens). Output vocabulary: the N entities, or
+(``n_outputs = A``) only the first A: in an attribute-pool world every answer is
+one of the attributes ``0 .. A-1``, and scoring only those makes the
+unembedding, the loss and the evaluation N / A times cheaper. The A columns
+are the first A of the full model's (same initial draws).
 
 Embedding regimes (``FactModelConfig.embeddings``):
 
@@ -52,6 +56,7 @@ from ..seeding import generator
 ATTENTION = ("uniform", "learned")
 ENTITY_INIT = ("normal", "zero")
 EMBEDDINGS = ("trainable", "frozen", "frozen-input")
+OUTPUTS = ("entities", "attributes")
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -72,6 +77,12 @@ class FactModelConfig(DictConfig):
     layer_norm: bool = False  # pre-LN before attention, MLP and unembedding
     entity_init: str = "normal"  # entity input embeddings: normal (N(0, I/d) rows) | zero (all written by training)
     seed: int = 0  # initialisation; each tensor has its own derived stream
+    n_outputs: int = 0  # output vocabulary: the first n_outputs entities (an attribute pool); 0 = all N
+
+    @property
+    def outputs(self) -> int:
+        """Size of the output vocabulary (the first ``outputs`` entities)."""
+        return self.n_outputs or self.n_entities
 
     def __post_init__(self) -> None:
         for name, lo in (("n_entities", 2), ("n_relations", 1), ("d", 1), ("mlp_width", 1),
@@ -79,6 +90,10 @@ class FactModelConfig(DictConfig):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
+        if isinstance(self.n_outputs, bool) or not isinstance(self.n_outputs, int) or \
+                not (self.n_outputs == 0 or 2 <= self.n_outputs <= self.n_entities):
+            raise ValueError(f"n_outputs={self.n_outputs!r}: allowed 0 (all {self.n_entities} entities) or 2.."
+                             f"{self.n_entities} (the first entities: an attribute pool)")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention={self.attention!r}: allowed values are {', '.join(ATTENTION)}")
         if self.embeddings not in EMBEDDINGS:
@@ -100,7 +115,7 @@ class FactModelConfig(DictConfig):
     def n_weights(self) -> tuple[int, int]:
         """(all weights, trainable weights) of the model, counted from the config (nothing is allocated)."""
         N, d, m = self.n_entities, self.d, self.mlp_width
-        ent, unembed = N * d, (0 if self.tied else d * N)
+        ent, unembed = N * d, (0 if self.tied else d * self.outputs)
         rest = (self.n_relations + self.n_special + self.n_ctx) * d  # relation / special / position embeddings
         rest += (4 if self.attention == "learned" else 2) * d * d + 2 * d * m + m + d  # attention, MLP
         rest += 6 * d if self.layer_norm else 0
@@ -202,6 +217,8 @@ class FactModel(HookedRootModule):
             self.hook_pos_embed = HookPoint()  # (batch, pos, d)
         if not cfg.tied:
             unembed = _randn(s, "W_U", d, N, std=std)  # columns u_e ~ N(0, I/d)
+            if cfg.outputs < N:  # the first columns of the same draw
+                unembed = unembed[:, :cfg.outputs].clone()
             if cfg.embeddings == "frozen":
                 self.register_buffer("W_U_ent", unembed)
             else:
@@ -218,8 +235,8 @@ class FactModel(HookedRootModule):
         return torch.cat([self.W_E_ent, self.W_E_rel, self.W_E_special])
 
     @property
-    def W_U(self) -> Float[Tensor, "d n_entities"]:
-        return self.W_E_ent.T if self.cfg.tied else self.W_U_ent
+    def W_U(self) -> Float[Tensor, "d n_outputs"]:
+        return self.W_E_ent[:self.cfg.outputs].T if self.cfg.tied else self.W_U_ent
 
     @property
     def device(self) -> torch.device:
@@ -229,13 +246,13 @@ class FactModel(HookedRootModule):
     def n_layers(self) -> int:
         return len(self.blocks)
 
-    def final_logits(self, resid: Float[Tensor, "... d"]) -> Float[Tensor, "... n_entities"]:
+    def final_logits(self, resid: Float[Tensor, "... d"]) -> Float[Tensor, "... n_outputs"]:
         """Logits of last-block residual states (``blocks.0.hook_resid_post``): final norm, then ``W_U``."""
         return self.ln_final(resid) @ self.W_U
 
     # ---- forward -----------------------------------------------------------------
-    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos n_entities"]:
-        """Logits over the N entities at EVERY position."""
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos n_outputs"]:
+        """Logits over the output vocabulary (the N entities, or the first n_outputs) at EVERY position."""
         return self.final_resid(tokens) @ self.W_U
 
     def _check_tokens(self, tokens: Tensor) -> None:
@@ -312,13 +329,19 @@ class FactModel(HookedRootModule):
 
 def build_fact_model(world, d: int = 32, mlp_width: int = 64, *, attention: str = "uniform",
                      embeddings: str = "trainable", tied: bool = False, layer_norm: bool = False,
-                     entity_init: str = "normal", hops: int = 1, cot: bool = False, seed: int = 0) -> FactModel:
+                     entity_init: str = "normal", hops: int = 1, cot: bool = False, seed: int = 0,
+                     outputs: str = "entities") -> FactModel:
     """A freshly initialised :class:`FactModel` for the vocabulary of ``world`` (a FactWorld).
 
     ``seed`` is the INITIALISATION seed (independent of the world's seed). Queries of k > 1 hops get learned
-    positions for their length (``hops + 1`` direct, ``2 hops`` with chain of thought).
+    positions for their length (``hops + 1`` direct, ``2 hops`` with chain of thought). ``outputs``:
+    ``entities`` (all N) or ``attributes`` (the world's attribute pool ``0 .. A-1``, where every answer lies).
     """
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs={outputs!r}: allowed values are {', '.join(OUTPUTS)}")
     n_ctx = 0 if hops == 1 else (2 * hops if cot else hops + 1)
+    n_out = 0 if outputs == "entities" or world.n_attributes == world.n_entities else world.n_attributes
     return FactModel(FactModelConfig(world.n_entities, world.n_relations, d=d, mlp_width=mlp_width,
                                      attention=attention, embeddings=embeddings, tied=tied, layer_norm=layer_norm,
-                                     entity_init=entity_init, n_special=world.n_special, n_ctx=n_ctx, seed=seed))
+                                     entity_init=entity_init, n_special=world.n_special, n_ctx=n_ctx, seed=seed,
+                                     n_outputs=n_out))

@@ -101,7 +101,7 @@ def train_cost(model_cfg, n_queries: int, positions: int, supervised: int = 1, b
     query of the batch, more with learned attention and LayerNorm); the query tensors; and the evaluation, whose
     batches of up to 8192 queries score every entity: ``8192 x supervised x N`` logits.
     """
-    N, d, m, P = model_cfg.n_entities, model_cfg.d, model_cfg.mlp_width, positions
+    N, d, m, P = getattr(model_cfg, "outputs", model_cfg.n_entities), model_cfg.d, model_cfg.mlp_width, positions
     total, trainable = model_cfg.n_weights()
     f = 4.0
     terms = {"the weights, their gradients and Adam's moments": f * (total + 3 * trainable + 2 * model_cfg.vocab_size * d),
