@@ -213,3 +213,31 @@ def test_world_and_init_seeds_are_separate(tmp_path):
     assert not torch.equal(init["a"], init["c"])  # same facts, another initialisation
     model, _ = load_fact_run(tmp_path / "d")
     assert model.cfg.seed == 0 and load_fact_run(tmp_path / "c")[0].cfg.seed == 7
+
+
+def test_capacity_in_attribute_pool_worlds_follows_the_pool(tmp_path, one_thread):
+    """d* searched per pool size A: a smaller pool needs a smaller width at every R, d* grows with R, and across
+    the grid d* follows R ln A (the pool's entropy) better than R ln N (the same N throughout)."""
+    import json
+
+    cfg = ex.FactsCapacityConfig(subjects=[64], relations=[2, 4], attributes=[4, 64], grid=[2, 3, 4, 6, 8, 12, 16, 24],
+                                 mlp_width=64, model=ex.ModelSpec(outputs="attributes"),
+                                 train=TrainConfig(lr=3e-2, steps=800, target_accuracy=0.99, eval_every=50,
+                                                   patience=300))
+    res = ex.run_facts_capacity(cfg, tmp_path / "c", device=torch.device("cpu"))
+    d = {(t["attributes"], t["relations"]): t["threshold"] for t in res["thresholds"]}
+    assert set(d) == {(4, 2), (4, 4), (64, 2), (64, 4)} and None not in d.values()
+    assert d[4, 2] < d[64, 2] and d[4, 4] < d[64, 4]  # a pool of 4 needs less than a bijection of 64
+    assert d[4, 2] < d[4, 4] and d[64, 2] < d[64, 4]  # more relations, more width
+    fits = res["summary"]["fits"]["trainable"]
+    assert fits["r_log_a"]["r2"] > fits["r_log_n"]["r2"]
+    keys = json.loads((tmp_path / "c" / "result.json").read_text())["evaluations"]
+    assert all(" A=4 " in k or " A=64 " in k for k in keys)
+    again = ex.run_facts_capacity(cfg, tmp_path / "c", device=torch.device("cpu"))  # resumes: nothing re-run
+    assert again["thresholds"] == res["thresholds"]
+
+
+def test_capacity_refuses_a_pool_larger_than_the_subjects():
+    with pytest.raises(ValueError, match=r"--attributes 512: a pool is entities 0\.\.A-1, so A must be <= the "
+                                         r"smallest --subjects \(256\)"):
+        ex.FactsCapacityConfig(subjects=[256, 1024], attributes=[16, 512])

@@ -104,6 +104,9 @@ def register(sub) -> dict:
     p.add_argument("--d", type=int, default=64, help="fixed d when searching the MLP width (default 64)")
     p.add_argument("--mlp-width", type=int, default=64, help="fixed MLP width when searching d (default 64)")
     p.add_argument("--seeds", type=int, default=1, help="independent worlds + inits per setting (default 1)")
+    p.add_argument("--attributes", type=int, nargs="+", default=None, metavar="A",
+                   help="attribute-pool sizes: every relation maps the subjects into a pool of A attributes "
+                        "(default: none, each relation a bijection)")
     _model_args(p)
     _optim_args(p, steps=4000, patience=1500)
     common_args(p)
@@ -153,12 +156,13 @@ def _run(a) -> None:
     elif a.facts_cmd == "capacity":
         cfg = ex.FactsCapacityConfig(subjects=a.subjects, relations=a.relations, embeddings=a.embeddings,
                                      search=a.search, d=a.d, mlp_width=a.mlp_width, seeds=a.seeds,
-                                     model=_spec(a), train=_train_cfg(a, 0.99),
+                                     model=_spec(a), train=_train_cfg(a, 0.99), attributes=a.attributes,
                                      **({"grid": a.grid} if a.grid else {}))
         with make_executor_from(a, "facts capacity") as executor:
             res = ex.run_facts_capacity(cfg, a.out, device=dev, seed=seed, executor=executor)
         for t in res["thresholds"]:
-            print(f"{t['embeddings']:>12} N={t['subjects']} R={t['relations']} seed={t['seed']}: "
+            pool = f" A={t['attributes']}" if t.get("attributes", t["subjects"]) != t["subjects"] else ""
+            print(f"{t['embeddings']:>12}{pool} N={t['subjects']} R={t['relations']} seed={t['seed']}: "
                   f"{t['searched']}* = {t['threshold']}")
     elif a.facts_cmd == "multihop":
         cfg = ex.MultihopConfig(subjects=a.subjects, relations=a.relations, hops=a.hops, d=a.d,
