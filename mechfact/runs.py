@@ -287,14 +287,18 @@ class RunDir:
         """The partial ``result.json`` of an interrupted run, or ``empty`` for a fresh one.
 
         The file must have the shape of ``shape`` (default ``empty``; see :func:`check_shape`: e.g.
-        ``{"points": [{"d": 0, "p": 0}]}`` requires those keys in every point) and the config hash of this run;
-        otherwise :class:`CorruptFile`.
+        ``{"points": [{"d": 0, "p": 0}]}`` requires those keys in every point; a ``config`` copy is not checked key
+        by key, so a run started before an option was added resumes) and the config hash of this run; otherwise
+        :class:`CorruptFile`.
         """
         f = self.path / "result.json"
         if not f.exists():
             return empty
         result = read_json(f)
-        check_shape(result, empty if shape is None else shape, str(f))
+        template = empty if shape is None else shape
+        if isinstance(template, dict) and isinstance(template.get("config"), dict):
+            template = {**template, "config": {}}  # a copy of the config: a run from before an option was added
+        check_shape(result, template, str(f))
         if isinstance(result, dict) and result.get("config_sha256", self.sha256) != self.sha256:
             raise CorruptFile(f"{f}: written for another config than {self.path / 'config.json'}; delete "
                               f"--out {self.path} to start over")

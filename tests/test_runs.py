@@ -77,3 +77,19 @@ def test_result_items_are_checked_against_their_template(tmp_path):
     with pytest.raises(CorruptFile, match=r"points\[0\] is a JSON int, expected an object"):
         run.read_result({"points": []}, shape)
     release(tmp_path)
+
+
+def test_a_result_with_a_config_copy_from_before_an_option_was_added_resumes(tmp_path):
+    """Results that carry a copy of their config (llm trace, llm lre) keep it as the run wrote it; a new option
+    with its default must not make the partial result unreadable."""
+    old = {"model": "m", "config": {"a": 1}, "rows": [1]}
+    run = RunDir(tmp_path, {"a": 1}, kind="k", seed=0, device="cpu")
+    run.write_result(dict(old))
+    release(tmp_path)
+    run = RunDir(tmp_path, {"a": 1, "new_option": None}, kind="k", seed=0, device="cpu")
+    got = run.read_result({"model": "", "config": {"a": 1, "new_option": None}, "rows": []})
+    assert got["rows"] == [1] and got["config"] == {"a": 1}
+    (tmp_path / "result.json").write_text(json.dumps({"model": "m", "config": {"a": 1}}))
+    with pytest.raises(CorruptFile, match="key 'rows' is missing"):  # the rest of the shape is still checked
+        run.read_result({"model": "", "config": {"a": 1}, "rows": []})
+    release(tmp_path)
