@@ -54,6 +54,13 @@ PARTS: dict[str, list[str]] = {
     "width_d16": ["capacity", "--subjects", "64", "128", "--relations", "1", "2", "4", "--embeddings", "trainable",
                   "frozen", "frozen-input", "--search", "mlp-width", "--d", "16", "--grid", "2", "4", "8", "16", "32",
                   "64", "128", "256", "512", "1024", "--steps", "2000", *COS],
+    # d* in attribute-pool worlds (the paper's setting: relations map the N subjects into a shared pool of A
+    # attributes), scored over the pool (--outputs attributes); 3 seeds at N <= 1024, 2 at N = 4096. A training
+    # step at N = 4096, R = 16, A = 64, d = 64 takes ~1.5 s on one CPU thread (benchmarks/outputs_bench.py): the
+    # N = 4096 parts are for a cluster (--executor ray --ray-address ...) or a GPU (--device cuda)
+    **{f"pool_N{N}": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16", "64",
+                      "256", "--outputs", "attributes", "--grid", *GRID, "--steps", "2000", *COS, "--seeds",
+                      "2" if N == 4096 else "3"] for N in (256, 1024, 4096)},
     # multi-hop, direct vs chain of thought (defaults: N=32, R=4, d=16, width 32, learned attention)
     **{f"multihop_seed{s}": ["multihop", "--seed", str(s)] for s in range(3)},
 }
