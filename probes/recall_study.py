@@ -114,7 +114,8 @@ def _layer(l, L) -> str:
 
 
 def knockout_table(out: Path) -> str:
-    rows = ["| model | relation | facts | window | p(answer) clean | largest drop: subject [95%] | relation | last |",
+    rows = ["| model | relation | facts | window | p(answer) clean | largest drop (upper bound): subject [95%] | "
+            "relation | last |",
             "|---|---|---|---|---|---|---|---|"]
     for m in MODELS:
         r = _read(out / m / "knockout.json")
@@ -164,8 +165,8 @@ def extraction_table(out: Path) -> str:
 
 
 def transfer_table(out: Path) -> str:
-    rows = ["| model | pairs | best layer: transferred attribute [95%] | control (a random subject's state gives it) "
-            "| the target keeps its own answer | at the embedding |", "|---|---|---|---|---|---|"]
+    rows = ["| model | pairs | at the embedding (fixed in advance) [95%] | its control | best layer (upper bound): "
+            "transferred [95%] | its control | the target keeps its own answer there |", "|---|---|---|---|---|---|---|"]
     for m in MODELS:
         r = _read(out / m / "transfer.json")
         if not r:
@@ -174,14 +175,17 @@ def transfer_table(out: Path) -> str:
         pooled = s["pooled"]
         best = max(pooled, key=lambda p: p["accuracy"])
         emb = next((p for p in pooled if p["layer"] == -1), None)
-        rows.append(f"| {r['model']} | {s['n_pairs']} | {_pct(best['accuracy'], best['accuracy_ci'])} at "
+        rows.append(f"| {r['model']} | {s['n_pairs']} | "
+                    f"{_pct(emb['accuracy'], emb['accuracy_ci']) if emb else '—'} | "
+                    f"{_pct(emb['control']) if emb else '—'} | {_pct(best['accuracy'], best['accuracy_ci'])} at "
                     f"{_layer(best['layer'], L)} | {_pct(best['control'], best['control_ci'])} | "
-                    f"{_pct(best['kept'])} | {_pct(emb['accuracy']) if emb else '—'} |")
+                    f"{_pct(best['kept'])} |")
     return "\n".join(rows)
 
 
 def transfer_per_relation(out: Path) -> str:
-    rows = ["| model | relation | facts | best layer: transferred [95%] | control |", "|---|---|---|---|---|"]
+    rows = ["| model | relation | facts | best layer (upper bound): transferred [95%] | control |",
+            "|---|---|---|---|---|"]
     for m in MODELS:
         r = _read(out / m / "transfer.json")
         if not r:
@@ -234,6 +238,46 @@ layers; extraction happens mostly in attention updates.
 """
 
 
+def figures(out: Path, img: Path) -> list[Path]:
+    """Per model: the knockout curves (pooled over relations) and the transfer accuracy against its control, both
+    against relative depth, with 95% bands."""
+    from mechfact.plotting import save, subplots
+
+    paths = []
+    for m in MODELS:
+        ko, tr = _read(out / m / "knockout.json"), _read(out / m / "transfer.json")
+        if not ko or not tr:
+            continue
+        L = ko["n_layers"]
+        fig, (a, b) = subplots(1, 2, figsize=(10.0, 3.4), layout="constrained")
+        for g, color in (("subject", "tab:red"), ("relation", "tab:green"), ("last", "tab:blue")):
+            rows = [r for r in ko["result"]["pooled"]["change"][g] if r["change"] is not None]
+            if rows:
+                x = [r["layer"] / L for r in rows]
+                a.plot(x, [r["change"] for r in rows], "o-", ms=2, color=color, label=g)
+                a.fill_between(x, [r["change_ci"][0] for r in rows], [r["change_ci"][1] for r in rows], color=color,
+                               alpha=0.2)
+        a.set_xlabel("relative depth of the window's centre")
+        a.set_ylabel("change of p(answer), %")
+        a.set_title(f"{ko['model']}: attention knockout ({ko['result']['pooled']['n_facts']} facts)", fontsize=9)
+        a.legend(fontsize=7)
+        rows = tr["result"]["pooled"]
+        x = [max(r["layer"], -0.5) / L for r in rows]
+        for key, color, label in (("accuracy", "tab:purple", "transferred"), ("control", "tab:gray", "control")):
+            b.plot(x, [r[key] for r in rows], "o-", ms=3, color=color, label=label)
+            b.fill_between(x, [r[f"{key}_ci"][0] for r in rows], [r[f"{key}_ci"][1] for r in rows], color=color,
+                           alpha=0.2)
+        b.set_xlabel("relative depth (leftmost: the embedding)")
+        b.set_ylabel("answer = the source subject's object")
+        b.set_ylim(0, 1)
+        b.set_title(f"state transfer ({tr['result']['n_pairs']} pairs)", fontsize=9)
+        b.legend(fontsize=7)
+        path = img / f"recall_{m}.png"
+        save(fig, path)
+        paths.append(path)
+    return paths
+
+
 def write_doc(out: Path, path: Path) -> None:
     from mechfact.runs import atomic_path
 
@@ -241,7 +285,9 @@ def write_doc(out: Path, path: Path) -> None:
              "## Attention knockout (Geva et al. 2023)\n",
              "The last position's attention to a group of positions blocked in a window of layers; the relative "
              "change of the clean answer's probability, at the window where it drops most (relation: the prompt's "
-             "non-subject tokens before the last, BOS left out).\n", knockout_table(out), "",
+             "non-subject tokens before the last, BOS left out). The largest drop is picked among all layers on "
+             "the same facts: read it as where the curve bottoms out and an upper bound on its depth; the curves "
+             "are in the figures below.\n", knockout_table(out), "",
              "## Attribute rate: the subject's attributes in the logit lens\n",
              "The share of the top 50 tokens of the logit lens (the model's final norm and unembedding) that are the "
              "first token of one of the subject's objects across the six relations, beside the same rate for another "
@@ -260,7 +306,9 @@ def write_doc(out: Path, path: Path) -> None:
              "many random units.\n", selectivity_table(out), "",
              "## Attribution patching against exact patching\n",
              "State restorations under Gaussian noise (10 draws): AtP's linear estimate of every (token, layer) "
-             "cell against the exact restored probability, ranked per prompt.\n", atp_table(out), ""]
+             "cell against the exact restored probability, ranked per prompt.\n", atp_table(out), "",
+             "## Figures\n", *[f"![{m}](img/recall_{m}.png)\n" for m in MODELS
+                               if (out / m / "knockout.json").is_file() and (out / m / "transfer.json").is_file()]]
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(parts))
@@ -274,6 +322,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-facts", type=int, default=8, help="known facts per relation (default 8)")
     ap.add_argument("--export", default=None, metavar="DIR", help="copy the run JSON to DIR (e.g. docs/runs/recall)")
     ap.add_argument("--doc", default=None, metavar="MD", help="write the page there (e.g. docs/results_recall.md)")
+    ap.add_argument("--img", default="docs/img", help="where the page's figures go (default docs/img)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     bad = [m for m in a.models if m not in MODELS]
@@ -287,6 +336,7 @@ def main(argv=None) -> None:
         print(f"{export(out, Path(a.export))} files copied from {out} to {a.export}")
     if a.doc:
         write_doc(out, Path(a.doc))
+        figures(out, Path(a.img))
         print(f"{a.doc} written from {out}")
 
 
