@@ -4,9 +4,15 @@
 prompt's last token (before the final norm); ``J[i, j] = d o_i / d s_j`` (``d_model x d_model``): the Jacobian
 of the linear relational embedding (:mod:`mechfact.llm.lre`).
 
-(One module of ~750 lines on purpose: the forward-mode rules of every block part -- norms, rotary attention in
-its three score paths, gated MLPs, Gemma's extra norms -- are one computation that must stay consistent with
-itself; the checks that fall back to the batched-copies method live beside the rules they guard.)
+Where the pieces live:
+
+* here: :func:`jacobian` and :func:`fast_path_problem` (which path a model takes, the fallback remembered per
+  bridge), the per-block self-check, the linearised block (:class:`_Linearised`) and the forward-mode pass;
+* :mod:`mechfact.llm.jacobian_blocks`: the model's blocks read as plain tensors and Hugging Face modules, and the
+  one captured forward pass (block outputs, rotary tables, attention masks);
+* :mod:`mechfact.llm.jacobian_linear`: the linear maps of a block's parts (norms, rotary embedding);
+* :mod:`mechfact.llm.jacobian_batched`: the batched-copies method, :func:`jacobian_copies`, and its prefix cache
+  helpers (also used by :mod:`mechfact.llm.lre_operator`).
 
 :func:`jacobian` computes it in forward mode, all ``d_model`` input directions at once, from ONE forward pass
 of the model (batch 1) for the primal values:
@@ -39,17 +45,20 @@ Gemma-3 (``tests/test_jacobian.py``); timed by ``benchmarks/jacobian_bench.py``.
 
 from __future__ import annotations
 
-import copy
 import logging
 import operator
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .. import hooks
+from .jacobian_batched import _copies, _prefix_cache, _putter, jacobian_copies  # noqa: F401 (public here too)
+from .jacobian_blocks import _CFG_FLAGS, _Block, _block, _capture, _mask, _Mismatch
+from .jacobian_linear import _as, _lin, _norm, _NormLin, _rope, _rope_t
+
+__all__ = ["jacobian", "jacobian_copies", "fast_path_problem", "SELF_CHECK_TOL", "SELF_CHECK_TOL_LOW",
+           "ATTENTION_PATHS", "ATTENTION_PATH"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +67,6 @@ logger = logging.getLogger(__name__)
 SELF_CHECK_TOL = {torch.float32: 1e-4, torch.float64: 1e-6}
 SELF_CHECK_TOL_LOW = 3e-2  # bfloat16 / float16 models (the linearisation runs in float32 from their states)
 _UNSUPPORTED: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # bridge -> why not
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass early (the output was captured)."""
-
-
-class _Mismatch(Exception):
-    """The linearised block does not reproduce the bridge's block."""
 
 
 def jacobian(lm, tokens: list[int], pos: int, layer: int, chunk: int | None = None
@@ -120,58 +121,6 @@ def fast_path_problem(lm) -> str | None:
     return why
 
 
-# ---- the model's blocks as plain tensors and Hugging Face modules --------------------------------------------
-
-def _orig(m):
-    """The Hugging Face module a bridge component wraps (the module itself when it wraps nothing)."""
-    o = getattr(m, "original_component", None)
-    return m if o is None else o
-
-
-def _weight(m) -> tuple[torch.Tensor, torch.Tensor | None]:
-    m = _orig(m)
-    w, b = getattr(m, "weight", None), getattr(m, "bias", None)
-    if not isinstance(w, torch.Tensor) or w.ndim != 2 or not w.is_floating_point() or w.device.type == "meta":
-        raise _Mismatch(f"{type(m).__name__}: not a plain linear layer")
-    return w, b if isinstance(b, torch.Tensor) else None
-
-
-@dataclass
-class _Block:
-    norm_in: Any  # norm before attention
-    norm_attn_out: Any  # norm of the attention output (Gemma), or None
-    norm_mlp_in: Any  # norm before the MLP
-    norm_mlp_out: Any  # norm of the MLP output (Gemma), or None
-    wq: torch.Tensor
-    bq: torch.Tensor | None
-    wk: torch.Tensor
-    bk: torch.Tensor | None
-    wv: torch.Tensor
-    bv: torch.Tensor | None
-    wo: torch.Tensor
-    bo: torch.Tensor | None
-    q_norm: Any  # per-head norms (Qwen3, Gemma3) or None
-    k_norm: Any
-    n_heads: int
-    n_kv: int
-    head_dim: int
-    scaling: float
-    softcap: float | None
-    wg: torch.Tensor
-    bg: torch.Tensor | None
-    wu: torch.Tensor
-    bu: torch.Tensor | None
-    wd: torch.Tensor
-    bd: torch.Tensor | None
-    act: Any
-
-
-# attention-bridge features this module does not reproduce (config flags of the bridge, attributes of HF modules)
-_CFG_FLAGS = ("gated_q_proj", "rotary_interleaved_cos_sin", "rotary_adjacent_pairs", "qk_norm_after_rope",
-              "use_split_qkv_input", "use_attn_in")
-_ATTN_ATTRS = ("key_multiplier", "sinks")
-
-
 def _plan(lm) -> list[_Block] | str:
     """Every block as a :class:`_Block`, or a one-line reason why this module cannot linearise them."""
     b = lm.bridge
@@ -189,245 +138,6 @@ def _plan(lm) -> list[_Block] | str:
             if w.device.type != dev.type or (dev.index is not None and w.device.index != dev.index):
                 return f"weights on {w.device}, inputs on {dev} (a model spread over devices)"
     return plan
-
-
-def _block(blk) -> _Block:
-    layer = _orig(blk)
-    attn_bridge = getattr(layer, "self_attn", None)
-    mlp = _orig(getattr(layer, "mlp", None))
-    if attn_bridge is None or mlp is None or not hasattr(layer, "input_layernorm"):
-        raise _Mismatch(f"{type(layer).__name__}: no self_attn / mlp / input_layernorm")
-    attn = _orig(attn_bridge)
-    for a in _ATTN_ATTRS:
-        if getattr(attn, a, None) is not None:
-            raise _Mismatch(f"{type(attn).__name__}.{a}")
-    if getattr(getattr(attn, "config", None), "clip_qkv", None) is not None:
-        raise _Mismatch("clip_qkv")
-    rope = getattr(getattr(attn, "config", None), "rope_parameters", None)
-    if isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None:
-        raise _Mismatch("llama-4 query scaling")
-    if getattr(attn, "q_norm", None) is not None and getattr(attn_bridge, "_qk_norm_phase", None) not in (
-            None, "post_reshape"):
-        raise _Mismatch("q/k norm over all heads")
-    if getattr(attn_bridge, "_modules", {}).get("gate") is not None:
-        raise _Mismatch("gated attention")
-    head_dim = int(attn.head_dim)
-    cfg = attn.config
-    n_heads = int(cfg.num_attention_heads)
-    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
-    if hasattr(attn, "qkv_proj"):
-        w, bias = _weight(attn.qkv_proj)
-        cuts = [0, n_heads * head_dim, (n_heads + n_kv) * head_dim, (n_heads + 2 * n_kv) * head_dim]
-        if w.shape[0] != cuts[-1]:
-            raise _Mismatch(f"qkv_proj rows {w.shape[0]} != {cuts[-1]}")
-        (wq, wk, wv), (bq, bk, bv) = ([w[a:c] for a, c in zip(cuts, cuts[1:])],
-                                      [None if bias is None else bias[a:c] for a, c in zip(cuts, cuts[1:])])
-    else:
-        (wq, bq), (wk, bk), (wv, bv) = (_weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj))
-    wo, bo = _weight(attn.o_proj)
-    if wq.shape[0] != n_heads * head_dim or wk.shape[0] != n_kv * head_dim or wv.shape[0] != n_kv * head_dim:
-        raise _Mismatch("q/k/v projection shapes")
-    # norms: the modules the bridge runs (a bridge norm may compute its own way, e.g. float64 kept float64)
-    q_norm, k_norm = (next((m for m in (getattr(attn_bridge, nm, None), getattr(attn, nm, None)) if m is not None),
-                           None) for nm in ("q_norm", "k_norm"))
-    for nm in (q_norm, k_norm):
-        w = getattr(_orig(nm), "weight", None)
-        if nm is not None and isinstance(w, torch.Tensor) and w.shape[-1] != head_dim:
-            raise _Mismatch("q/k norm over all heads")
-    if hasattr(mlp, "gate_up_proj"):
-        w, bias = _weight(mlp.gate_up_proj)
-        m = w.shape[0] // 2
-        wg, wu = w[:m], w[m:]
-        bg, bu = (None, None) if bias is None else (bias[:m], bias[m:])
-        act = getattr(mlp, "activation_fn", None) or getattr(mlp, "act_fn", None)
-    elif hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj"):
-        (wg, bg), (wu, bu) = _weight(mlp.gate_proj), _weight(mlp.up_proj)
-        act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
-    else:
-        raise _Mismatch(f"{type(mlp).__name__}: not a gated MLP")
-    wd, bd = _weight(mlp.down_proj)
-    if act is None:
-        raise _Mismatch(f"{type(mlp).__name__}: no activation")
-    gemma = hasattr(layer, "pre_feedforward_layernorm") and hasattr(layer, "post_feedforward_layernorm")
-    if not gemma and hasattr(layer, "post_feedforward_layernorm"):
-        raise _Mismatch(f"{type(layer).__name__}: residual layout")
-    return _Block(
-        norm_in=layer.input_layernorm,
-        norm_attn_out=layer.post_attention_layernorm if gemma else None,
-        norm_mlp_in=layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm,
-        norm_mlp_out=layer.post_feedforward_layernorm if gemma else None,
-        wq=wq, bq=bq, wk=wk, bk=bk, wv=wv, bv=bv, wo=wo, bo=bo, q_norm=q_norm, k_norm=k_norm,
-        n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, scaling=float(getattr(attn, "scaling", head_dim ** -0.5)),
-        softcap=getattr(attn, "attn_logit_softcapping", None),
-        wg=wg, bg=bg, wu=wu, bu=bu, wd=wd, bd=bd, act=act)
-
-
-# ---- one forward pass of the bridge: every block's output from `layer` on, rotary tables and masks ---------
-
-def _capture(lm, toks: torch.Tensor, layer: int) -> tuple[dict, dict]:
-    b = lm.bridge
-    last = lm.n_layers - 1
-    resid: dict[int, torch.Tensor] = {}
-    attn_in: dict[int, dict] = {}
-
-    def keep(k):
-        def hook(act, hook):
-            resid[k] = act[0].detach()
-            if k == last:
-                raise _Stop
-        return hook
-
-    def keep_attn(k):
-        def pre(module, args, kwargs):
-            attn_in[k] = {"position_embeddings": kwargs.get("position_embeddings"),
-                          "attention_mask": kwargs.get("attention_mask")}
-        return pre
-
-    handles = [b.blocks[k].attn.register_forward_pre_hook(keep_attn(k), with_kwargs=True)
-               for k in range(layer + 1, lm.n_layers)]
-    try:
-        with torch.no_grad():
-            b.run_with_hooks(toks, fwd_hooks=[(hooks.resid(k, "post"), keep(k)) for k in range(layer, lm.n_layers)])
-    except _Stop:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    return resid, attn_in
-
-
-def _mask(attn_in: dict, n: int, device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(fill, add) as the bridge masks a full-prompt run: ``fill`` (n, n) bool = positions set to the dtype's
-    minimum (its own causal mask, when the model gave no 4-d mask), ``add`` (..., n, n) float added after."""
-    mask = attn_in.get("attention_mask")
-    fill = None
-    if mask is None or not isinstance(mask, torch.Tensor) or mask.ndim < 4:
-        fill = ~torch.tril(torch.ones(n, n, dtype=torch.bool, device=device))
-    if mask is not None and not isinstance(mask, torch.Tensor):
-        raise _Mismatch(f"attention mask of type {type(mask).__name__}")
-    add = None
-    if mask is not None:
-        mask = mask[..., :n]
-        if mask.ndim >= 3 and mask.shape[-2] != n:
-            mask = mask[..., -n:, :]
-        if mask.dtype == torch.bool:
-            add = torch.where(mask, torch.zeros((), device=device),
-                              torch.full((), torch.finfo(torch.float32).min, device=device))
-        else:
-            add = mask if mask.dtype == torch.float64 else mask.float()
-        while add.ndim > 3:  # (batch 1, heads or 1, n, n) -> (heads or 1, n, n)
-            add = add[0]
-        if add.ndim < 3:  # a mask over keys: the same for every query
-            add = add.reshape(-1)[-n:].expand(1, n, n) if add.ndim else add.expand(1, n, n)
-        if add.shape[-2:] != (n, n):
-            raise _Mismatch(f"attention mask of shape {tuple(mask.shape)}")
-    return fill, add
-
-
-# ---- the linearised block ------------------------------------------------------------------------------------
-
-def _as(t: torch.Tensor | None, dt: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dt)
-
-
-def _eps_candidates(module) -> list[float]:
-    """The epsilon a norm may use: a bridge's config value, the wrapped module's attribute (distinct values)."""
-    found = [getattr(getattr(module, "config", None), "eps", None)]
-    for m in (module, _orig(module)):
-        found += [getattr(m, "variance_epsilon", None), getattr(m, "eps", None)]
-    return list(dict.fromkeys(float(e) for e in found if isinstance(e, (int, float)) and not isinstance(e, bool)))
-
-
-def _norm(module, x: torch.Tensor) -> torch.Tensor:
-    return module(x).to(x.dtype)
-
-
-_RMS_EPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # norm module -> {key: eps}
-
-
-def _rms_form(module, x: torch.Tensor) -> tuple[float, torch.Tensor] | None:
-    """(eps, gain) when ``module`` is an RMS norm ``gain * x / sqrt(mean(x^2) + eps)``, else None.
-
-    Which epsilon (if any) makes the closed form agree with forward-mode autograd on one random tangent at
-    ``x`` is found once per module, dtype and shape (a property of the norm's formula); the gain is read off the
-    module's output on a vector of ones at every call (the weights may have been edited since).
-    """
-    key = (x.dtype, x.device, tuple(x.shape[1:]))
-    known = _RMS_EPS.setdefault(module, {})
-    if key not in known:
-        t = torch.randn(x.shape, generator=torch.Generator(x.device).manual_seed(0), device=x.device, dtype=x.dtype)
-        want = torch.func.jvp(lambda z: _norm(module, z), (x,), (t,))[1]
-        tol = (1e-5 if x.dtype == torch.float32 else 1e-12) * float(want.norm()) + 1e-30
-        known[key] = None
-        for eps in _eps_candidates(module):
-            gain = _norm(module, torch.ones_like(x[:1]))[0] * (1.0 + eps) ** 0.5
-            r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-            a, b = gain * r, gain * x * (r ** 3 / x.shape[-1])
-            if float((t * a - (t * x).sum(-1, keepdim=True) * b - want).norm()) <= tol:
-                known[key] = eps
-                break
-    eps = known[key]
-    return None if eps is None else (eps, _norm(module, torch.ones_like(x[:1]))[0] * (1.0 + eps) ** 0.5)
-
-
-class _NormLin:
-    """The linearisation of a norm ``module`` (over the last axis) at the rows ``x`` (rows, ..., n).
-
-    An RMS norm, ``y = gain * x / sqrt(mean(x^2) + eps)``, has the Jacobian ``diag(a) - b x^T`` per row, with
-    ``a = gain / r`` and ``b = gain x / (n r^3)``: three passes over the tangents. The gain is read off the
-    module's output on a vector of ones, and the closed form is checked against forward-mode autograd
-    (:func:`_rms_form`); any other norm goes through autograd for every tangent.
-    """
-
-    def __init__(self, module, x: torch.Tensor):
-        self.module, self.x = module, x.clone()  # not a view: forward AD would give a view's base a tangent
-        x = self.x
-        self.a = None
-        form = _rms_form(module, x)
-        if form is not None:
-            eps, gain = form
-            r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-            self.a, self.b, self.xb = (gain * r).unsqueeze(1), (gain * x * (r ** 3 / x.shape[-1])).unsqueeze(1), \
-                x.unsqueeze(1)
-
-    def _f(self, z):
-        return _norm(self.module, z)
-
-    def jvp(self, X: torch.Tensor) -> torch.Tensor:
-        """Tangents of the outputs from tangents X (rows, B, ..., n) of the inputs."""
-        if self.a is not None:
-            return torch.addcmul(X * self.a, (X * self.xb).sum(-1, keepdim=True), self.b, value=-1)
-        return torch.func.vmap(lambda t: torch.func.jvp(self._f, (self.x,), (t,))[1], in_dims=1, out_dims=1)(X)
-
-    def vjp(self, Y: torch.Tensor) -> torch.Tensor:
-        """Cotangents of the inputs from cotangents Y (rows, B, ..., n) of the outputs (the transposed map)."""
-        if self.a is not None:
-            return torch.addcmul(Y * self.a, (Y * self.b).sum(-1, keepdim=True), self.xb, value=-1)
-        _, back = torch.func.vjp(self._f, self.x)
-        return torch.func.vmap(lambda c: back(c)[0], in_dims=1, out_dims=1)(Y)
-
-
-def _lin(module, x: torch.Tensor) -> _NormLin | None:
-    return None if module is None or x.numel() == 0 else _NormLin(module, x)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half) of the head features x (..., head_dim): ``x cos + rotate_half(x) sin``
-    on the first ``rot_dim`` features (all of them unless the rotation is partial), with ``cos`` and
-    ``sin_signed`` (= sin with its first half negated) broadcasting against x[..., :rot_dim]. Linear in x, so
-    it maps tangents too: ``rotate_half(x) sin = roll(x, rot_dim / 2) sin_signed``."""
-    r = cos.shape[-1]
-    xr = x if r == x.shape[-1] else x[..., :r]
-    out = torch.addcmul(xr * cos, xr.roll(r // 2, -1), sin_signed)
-    return out if r == x.shape[-1] else torch.cat((out, x[..., r:].expand(*out.shape[:-1], -1)), -1)
-
-
-def _rope_t(y: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """The transpose of :func:`_rope` (the roll by half the rotated features is its own inverse)."""
-    r = cos.shape[-1]
-    yr = y if r == y.shape[-1] else y[..., :r]
-    out = (yr * sin_signed).roll(r // 2, -1).addcmul_(yr, cos)
-    return out if r == y.shape[-1] else torch.cat((out, y[..., r:].expand(*out.shape[:-1], -1)), -1)
 
 
 ATTENTION_PATHS = ("direct", "scores")
@@ -652,97 +362,3 @@ def _forward_mode(lm, plan: list[_Block], tokens: list[int], pos: int, layer: in
             X = lin.tangent(X) if B >= d else torch.cat([lin.tangent(X[:, c:c + B]) for c in range(0, d, B)], 1)
     J = X[-1].T.contiguous()
     return J.float().cpu(), s.cpu(), o.cpu()
-
-
-# ---- the batched-copies method (any model the bridge runs) --------------------------------------------------
-
-def jacobian_copies(lm, tokens: list[int], pos: int, layer: int, chunk: int = 96
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`jacobian` by reverse-mode autograd through the bridge: the prompt before ``pos`` runs once and its
-    key/value cache is reused; the rest runs as ``chunk`` copies from block ``layer + 1`` on, one output
-    coordinate per copy, one backward per chunk. Works for every model the bridge runs; several times slower.
-
-    The model's parameters are switched off for the computation and their ``requires_grad`` flags restored.
-    """
-    grad_on = [p for p in lm.bridge.parameters() if p.requires_grad]
-    for p in grad_on:
-        p.requires_grad_(False)
-    try:
-        return _jacobian_copies(lm, tokens, pos, layer, chunk)
-    finally:
-        for p in grad_on:
-            p.requires_grad_(True)
-
-
-def _prefix_cache(lm, toks: torch.Tensor, pos: int):
-    """Key/value cache of the prompt before position ``pos`` (batch 1), or None when ``pos`` is 0."""
-    if pos == 0:
-        return None
-    with torch.no_grad():
-        _, pkv = lm.bridge(toks[:, :pos], return_type="logits_and_cache")
-    return pkv
-
-
-def _copies(pkv, layer: int, B: int):
-    """A fresh copy of the prefix cache for a suffix run with ``B`` copies from the block after ``layer`` on
-    (blocks up to ``layer`` run the suffix once and keep the batch-1 cache; the hook at ``layer`` expands)."""
-    kv = copy.deepcopy(pkv)
-    if kv is not None:
-        for li in range(layer + 1, len(kv.layers)):
-            kv.layers[li].keys = kv.layers[li].keys.expand(B, -1, -1, -1).contiguous()
-            kv.layers[li].values = kv.layers[li].values.expand(B, -1, -1, -1).contiguous()
-    return kv
-
-
-def _putter(states: torch.Tensor):
-    """Hook: the subject position (the suffix's first) takes ``states`` (B, d); the rest is the one run's."""
-    B = states.shape[0]
-
-    def put(act, hook):
-        return torch.cat([states[:, None].to(act.dtype), act[:, 1:].expand(B, -1, -1)], 1)
-    return put
-
-
-def _jacobian_copies(lm, tokens: list[int], pos: int, layer: int, chunk: int):
-    b = lm.bridge
-    name_s, name_o = hooks.resid(layer, "post"), hooks.resid(lm.n_layers - 1, "post")
-    d = lm.d_model
-    toks = torch.tensor([tokens], device=lm.device)
-    pkv = _prefix_cache(lm, toks, pos)
-    suffix = toks[:, pos:]
-    got: dict[str, torch.Tensor] = {}
-
-    def take_s(act, hook):
-        got["s"] = act[0, 0].detach().clone()
-        raise _Stop
-
-    def take_o(act, hook):
-        got["o"] = act[:, -1]
-        raise _Stop
-
-    try:
-        with torch.no_grad():
-            b.run_with_hooks(suffix, past_key_values=copy.deepcopy(pkv), fwd_hooks=[(name_s, take_s)])
-    except _Stop:
-        pass
-    s0 = got["s"]
-    J = torch.empty((d, d), dtype=torch.float32)
-    o0 = None
-    for c0 in range(0, d, chunk):
-        B = min(chunk, d - c0)
-        kv = _copies(pkv, layer, B)
-        s = s0.to(lm.dtype).expand(B, d).clone().requires_grad_(True)
-        with torch.enable_grad():
-            try:
-                b.run_with_hooks(suffix, past_key_values=kv, fwd_hooks=[(name_s, _putter(s)), (name_o, take_o)])
-            except _Stop:
-                pass
-            o = got.pop("o")
-            if o0 is None:
-                o0 = o[0].detach().float().cpu()
-            if not o.requires_grad:  # s and o are the same block's output at different tokens
-                J[c0:c0 + B] = 0
-                continue
-            o[torch.arange(B), torch.arange(c0, c0 + B)].sum().backward()
-        J[c0:c0 + B] = s.grad.float().cpu()
-    return J, s0.float().cpu(), o0
