@@ -5,6 +5,11 @@ standard run directory (config.json first, result.json as it goes, meta.json,
 fig_*.png drawn from result.json). Sweeps are lists of independent jobs run
 through an executor; finished work is recorded in result.json and skipped when
 the same ``--out`` is used again.
+
+The load searches live here: accuracy sweeps, capacity by bisection and the rank constraint, every batch of
+problems solved through :func:`solve`. The experiments on the W of one load (scores, spectra) are in
+:mod:`mechfact.memory.mechanism`; the solver config and the checks every config shares, in
+:mod:`mechfact.memory.solving`. Every experiment's names are importable from here.
 """
 
 from __future__ import annotations
@@ -18,175 +23,22 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ..config import DictConfig, bad, check_choice, check_float, check_int, check_type, flag
+from ..config import DictConfig, bad, check_choice, check_int, check_type
 from ..executor import Executor, Job, LocalExecutor, memo_job, merge_evaluations
-from ..limits import check_memory
 from ..runs import RunDir
-from . import analysis, solvers, theory
+from . import theory
+from .mechanism import ScoresConfig, SpectrumConfig, run_scores, run_spectrum
 from .problems import PROBLEMS, MemoryProblem, load, p_for_alpha
-from .solvers import METHODS, MemoryTrainConfig, hebb_bytes, train_bytes
+from .solvers import MemoryTrainConfig
+from .solving import (MAX_POINTS, MAX_SEED, SEPARABLE_MAX_P, SolverConfig, _check_alpha_range, _check_ds, _check_kappa,
+                      _check_memory, _check_rel_tol, _check_seeds, _check_separable_size, _check_top_load, _precheck,
+                      _solver_bytes, solve)
 
 logger = logging.getLogger(__name__)
 
-
-# ---- validation (run by every config's __post_init__) ------------------------------
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_d(d) -> None:
-    if not _is_int(d) or d <= 0:
-        raise bad("d", d, "must be a positive integer")
-
-
-def _check_ds(ds) -> list[int]:
-    if isinstance(ds, (str, bytes)) or not isinstance(ds, (list, tuple)) or not ds:
-        raise bad("d", ds, "must be a non-empty list of positive integers")
-    for d in ds:
-        _check_d(d)
-    return list(ds)
-
-
-def _check_seeds(seeds) -> None:
-    if not _is_int(seeds) or seeds < 1:
-        raise bad("seeds", seeds, "must be at least 1")
-
-
-def _check_num(field_: str, value) -> None:
-    """A finite real number (not a string or bool); NaN and inf are refused, naming the flag."""
-    if isinstance(value, (str, bytes, bool)):
-        raise bad(field_, repr(value), "must be a number")
-    check_float(field_, value)
-
-
-def _check_kappa(field_: str, kappa) -> None:
-    _check_num(field_, kappa)
-    check_float(field_, kappa, lo=0, hi=1, lo_open=True)
-
-
-def _check_positive(field_: str, value) -> None:
-    _check_num(field_, value)
-    if value <= 0:
-        raise bad(field_, value, "must be positive")
-
-
-def _check_rel_tol(rel_tol) -> None:
-    _check_num("rel_tol", rel_tol)
-    if not (0 <= rel_tol < 0.5):
-        raise bad("rel_tol", rel_tol, "must lie in [0, 0.5)")
-
-
-def _check_alpha_range(cfg, lo: str, hi: str) -> list[int]:
-    """The checks of a search over loads (sweep, capacity): d values, seeds, solver, 0 < lo < hi. Returns d."""
-    ds = _check_ds(cfg.d)
-    _check_seeds(cfg.seeds)
-    check_type("solver", cfg.solver, SolverConfig)
-    a, b = getattr(cfg, lo), getattr(cfg, hi)
-    _check_num(lo, a)
-    _check_num(hi, b)
-    if not (0 < a < b):
-        raise ValueError(f"{flag(lo)} {a} / {flag(hi)} {b}: need 0 < {flag(lo)[2:]} < {flag(hi)[2:]}")
-    return ds
-
-
-MAX_POINTS = 10_000  # loads per d of a sweep
-SEPARABLE_MAX_P = 5000  # the exact LP's limit (solvers.separable)
-
-
-def _check_separable_size(s, ds: list[int], field_: str, alpha: float) -> None:
-    """The exact LP of ``--method separable`` handles at most SEPARABLE_MAX_P associations: refuse up front."""
-    if s.method != "separable":
-        return
-    for d in ds:
-        p = p_for_alpha(alpha, d)
-        if p > SEPARABLE_MAX_P:
-            raise ValueError(f"--method separable with --d {d} {flag(field_)} {alpha:g}: p = {p} associations, over the "
-                             f"exact LP's limit of {SEPARABLE_MAX_P}; use a smaller --d or {flag(field_)}")
-
-
-MAX_SEED = 2**40  # seeds seed, seed + 1, ... also seed each W's initialisation: an int64 (seed * 7919 + ...)
-
-
-def _precheck(cfg, seed: int) -> None:
-    """What a run refuses before its run directory exists: a --seed the initialisations cannot use, and a size
-    over the memory limit (``cfg.check_cost()``)."""
-    check_int("seed", seed, -MAX_SEED, MAX_SEED)
-    cfg.check_cost()
-
-
-def _solver_bytes(s: "SolverConfig", d: int, p: int, seeds: int) -> float:
-    """Estimated peak bytes of :func:`solve` on ``seeds`` problems of size ``p`` in dimension ``d``."""
-    if s.method == "hebb":
-        return hebb_bytes(d, p, s.kappa) + 4.0 * seeds * d * d  # one problem at a time; every W is kept
-    need = train_bytes(s.problem, d, p, seeds, s.kappa, s.train.active_set)
-    if s.method == "separable":  # then one LP at a time: >= 8 constraints per input, d^2 + 1 variables, 3 copies
-        need = max(need, 3 * 8.0 * 8 * p * (d * d + 1))
-    return need
-
-
-def _check_memory(rows: list[tuple], s: "SolverConfig") -> None:
-    """``rows``: (bytes, flags, d, p, seeds) per shape; refuses the largest one over the memory limit, and a
-    decoupled batch whose dense competitors exceed ``dp_memory_gb``."""
-    need, what, d, p, seeds = max(rows, key=lambda r: r[0])
-    kind = "decoupled" if s.problem == "decoupled" else "original"
-    dense = " with dense decoupled competitors" if kind == "decoupled" and s.method != "hebb" else ""
-    check_memory(need, f"{what} (p = {p} associations in dimension {d}, {seeds} seed{'s' if seeds != 1 else ''} trained at once{dense})"
-                 if s.method != "hebb" else f"{what} (p = {p} associations in dimension {d})")
-    if dense:
-        for _, what, d, p, seeds in rows:
-            gb = 4 * seeds * p * (p - 1) * d / 1e9
-            if gb > s.train.dp_memory_gb:
-                raise ValueError(f"{what} --problem decoupled: {seeds} x p = {p} inputs with p - 1 dense competitors "
-                                 f"of dimension {d} need {gb:.1f} GB, over dp_memory_gb = {s.train.dp_memory_gb:g}; "
-                                 "use a smaller --d, load or --seeds")
-
-
-def _check_top_load(s: "SolverConfig", ds: list[int], field: str, alpha: float, seeds: int) -> None:
-    """:func:`_check_memory` at the largest load ``alpha`` (flag ``field``) of every d, all seeds at once."""
-    rows = []
-    for d in ds:
-        p = p_for_alpha(alpha, d)
-        rows.append((_solver_bytes(s, d, p, seeds), f"--d {d} {flag(field)} {alpha:g} --seeds {seeds}", d, p, seeds))
-    _check_memory(rows, s)
-
-
-@dataclass
-class SolverConfig(DictConfig):
-    """How W is found; shared by every experiment."""
-
-    method: str = "trained"  # hebb | trained | separable
-    problem: str = "original"  # original | decoupled
-    kappa: float = 1.0  # rank fraction: W = Q R^T with m = kappa * d
-    train: MemoryTrainConfig = field(default_factory=MemoryTrainConfig)  # gradient training ("trained", hint for "separable")
-
-    def __post_init__(self) -> None:
-        check_choice("method", self.method, METHODS)
-        check_choice("problem", self.problem, PROBLEMS)
-        _check_kappa("kappa", self.kappa)
-        if self.method == "separable" and self.kappa != 1.0:
-            raise bad("kappa", self.kappa, "method separable is exact only for full rank (kappa 1); "
-                      "the rank-constrained problem is not a linear program")
-        check_type("train", self.train, MemoryTrainConfig)
-
-
-def solve(problems: list[MemoryProblem], s: SolverConfig, device: torch.device) -> list[dict]:
-    """Solve a batch of same-shape problems; one record per problem (with W)."""
-    if s.method == "hebb":
-        Ws = [solvers.hebb(pr, s.kappa) for pr in problems]
-        return [{"W": W, "accuracy": analysis.accuracy(pr, W)} for pr, W in zip(problems, Ws)]
-    out = solvers.train(problems, s.kappa, s.train, device=device)
-    recs = [{"W": W, "accuracy": a, "steps": st} for W, a, st in zip(out.W, out.accuracy, out.steps)]
-    if s.method == "separable":
-        for pr, rec in zip(problems, recs):
-            sep = solvers.separable(pr, rec["W"])
-            rec["separable"] = sep.separable
-            rec["trained_accuracy"] = rec["accuracy"]
-            if sep.W is not None:
-                rec["W"] = sep.W
-            rec["accuracy"] = 1.0 if sep.separable else analysis.accuracy(pr, rec["W"])
-            rec["lp_t_star"] = sep.t_star
-    return recs
+__all__ = ["SolverConfig", "solve", "MAX_POINTS", "SEPARABLE_MAX_P", "MAX_SEED", "SweepConfig", "run_sweep",
+           "CapacityConfig", "capacity_search", "summarise_capacity", "fit_extrapolation", "run_capacity",
+           "ScoresConfig", "run_scores", "SpectrumConfig", "run_spectrum", "RankConfig", "run_rank"]
 
 
 # ---- accuracy sweep --------------------------------------------------------------------
@@ -262,7 +114,8 @@ class CapacityConfig(DictConfig):
         _check_separable_size(self.solver, self.d, "alpha_hi", self.alpha_hi)
 
     def check_cost(self) -> None:
-        """Refuse (one line) a search whose upper bracket cannot fit in memory (every seed of a d is trained at once)."""
+        """Refuse (one line) a search whose upper bracket cannot fit in memory (every seed of a d is trained at
+        once)."""
         _check_top_load(self.solver, self.d, "alpha_hi", self.alpha_hi, self.seeds)
 
 
@@ -397,96 +250,6 @@ def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, 
         result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
     return run.finish(result, plots.plot_capacity, "fig_capacity.png", n_jobs_run=len(jobs))
 
-
-# ---- score distributions (mechanism) ------------------------------------------------------
-
-@dataclass
-class ScoresConfig(DictConfig):
-    d: int = 64  # dimension
-    alpha: float = 0.5  # load at which Hebb and trained W are compared (same instance)
-    problem: str = "original"
-    kappa: float = 1.0
-    train: MemoryTrainConfig = field(default_factory=MemoryTrainConfig)
-
-    def __post_init__(self) -> None:
-        _check_d(self.d)
-        check_choice("problem", self.problem, PROBLEMS)
-        _check_kappa("kappa", self.kappa)
-        _check_positive("alpha", self.alpha)
-        check_type("train", self.train, MemoryTrainConfig)
-
-    def check_cost(self) -> None:
-        p = p_for_alpha(self.alpha, self.d)
-        s = SolverConfig(problem=self.problem, kappa=self.kappa, train=self.train)
-        _check_memory([(max(_solver_bytes(s, self.d, p, 1), hebb_bytes(self.d, p, self.kappa)),
-                        f"--d {self.d} --alpha {self.alpha:g}", self.d, p, 1)], s)
-
-
-def run_scores(cfg: ScoresConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
-    from . import plots
-
-    _precheck(cfg, seed)  # before the run directory: a refused run writes nothing
-    run = RunDir(out, cfg, kind="memory.scores", seed=seed, device=str(device))
-    p = p_for_alpha(cfg.alpha, cfg.d)
-    pr = MemoryProblem(cfg.problem, cfg.d, p, seed)
-    Ws = {"hebb": solvers.hebb(pr, cfg.kappa), "trained": solvers.train([pr], cfg.kappa, cfg.train, device=device).W[0]}
-    summary, per_input = {}, {}
-    for name, W in Ws.items():
-        summary[name], arr = analysis.score_summary(pr, W)
-        per_input[name] = {k: np.round(v, 6).tolist() for k, v in arr.items() if k in ("z_target", "z_max")}
-    result = {"d": cfg.d, "p": p, "alpha": load(p, cfg.d), "problem": cfg.problem, "kappa": cfg.kappa,
-              "summary": summary, "per_input": per_input}
-    return run.finish(result, plots.plot_scores, "fig_scores.png")
-
-
-# ---- singular-value spectra -----------------------------------------------------------------
-
-@dataclass
-class SpectrumConfig(DictConfig):
-    d: int = 64
-    alpha: float = 0.8  # load of the instances (the optimum is studied near capacity)
-    kappa: float = 1.0
-    seeds: int = 3  # singular values are pooled over this many instances
-    train: MemoryTrainConfig = field(default_factory=lambda: MemoryTrainConfig(early_stop=False, steps=3000))
-
-    def __post_init__(self) -> None:
-        _check_d(self.d)
-        _check_positive("alpha", self.alpha)
-        _check_kappa("kappa", self.kappa)
-        _check_seeds(self.seeds)
-        check_type("train", self.train, MemoryTrainConfig)
-
-    def check_cost(self) -> None:
-        """Both problems are trained (one after the other): the decoupled one, with its dense competitors, dominates."""
-        p = p_for_alpha(self.alpha, self.d)
-        s = SolverConfig(problem="decoupled", kappa=self.kappa, train=self.train)
-        need = max(_solver_bytes(s, self.d, p, self.seeds),
-                   _solver_bytes(SolverConfig(kappa=self.kappa, train=self.train), self.d, p, self.seeds))
-        need += 8.0 * 4 * self.seeds * self.d * self.d  # the W kept per family (float32 and numpy copies)
-        _check_memory([(need, f"--d {self.d} --alpha {self.alpha:g} --seeds {self.seeds}", self.d, p, self.seeds)], s)
-
-
-def run_spectrum(cfg: SpectrumConfig, out: str | Path, *, device: torch.device, seed: int = 0) -> dict:
-    from . import plots
-
-    _precheck(cfg, seed)  # before the run directory: a refused run writes nothing
-    run = RunDir(out, cfg, kind="memory.spectrum", seed=seed, device=str(device))
-    p = p_for_alpha(cfg.alpha, cfg.d)
-    ops = [MemoryProblem("original", cfg.d, p, seed + k) for k in range(cfg.seeds)]
-    dps = [MemoryProblem("decoupled", cfg.d, p, seed + k) for k in range(cfg.seeds)]
-    t_op = solvers.train(ops, cfg.kappa, cfg.train, device=device)
-    t_dp = solvers.train(dps, cfg.kappa, cfg.train, device=device)
-    hebbs = [solvers.hebb(op, cfg.kappa) for op in ops]
-    Ws = {"trained_original": [w.numpy() for w in t_op.W], "trained_decoupled": [w.numpy() for w in t_dp.W],
-          "hebb": [w.numpy() for w in hebbs], "init": [w.numpy() for w in t_op.W_init]}
-    spec = analysis.spectrum_summary(Ws, cfg.kappa)
-    result = {"d": cfg.d, "p": p, "alpha": load(p, cfg.d), "kappa": cfg.kappa, "seeds": cfg.seeds,
-              "accuracy": {"trained_original": float(np.mean(t_op.accuracy)), "trained_decoupled": float(np.mean(t_dp.accuracy)),
-                           "hebb": float(np.mean([analysis.accuracy(op, w) for op, w in zip(ops, hebbs)]))},
-              "ks_op_vs_dp": spec["ks_pairs"]["trained_original|trained_decoupled"],
-              "ks_to_theory": spec["ks_to_theory"], "ks_pairs": spec["ks_pairs"],
-              "singular_values": {k: np.round(v, 6).tolist() for k, v in spec["singular_values"].items()}}
-    return run.finish(result, plots.plot_spectrum, "fig_spectrum.png")
 
 
 # ---- rank constraint --------------------------------------------------------------------------
