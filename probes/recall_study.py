@@ -298,8 +298,11 @@ def write_doc(out: Path, path: Path) -> None:
              "## Subject-state transfer (the state holds all its attributes)\n",
              "Subject s's last-token state from the prompt \"{s}\" alone patched into relation r's prompt for another "
              "subject s' at the same layer: how often the answer becomes s's object for r, beside a random third "
-             "subject's state (control).\n", transfer_table(out), "", "Per relation:\n", transfer_per_relation(out),
-             "",
+             "subject's state (control: it gives s's object by chance, e.g. a shared continent). Every 3rd layer "
+             "is tested; the embedding is the layer fixed in advance, the best layer is chosen on the same facts "
+             "(an upper bound). A pair needs two known facts of the relation with different answers (SmolLM2's "
+             "known company_country facts share one country: no pair).\n", transfer_table(out), "",
+             "Per relation:\n", transfer_per_relation(out), "",
              "## Relation selectivity of last-position MLP units\n",
              "The units of the middle block's MLP that prefer one relation at the last position zeroed; the accuracy "
              "drop on that relation minus the mean drop on the others (1: selective units; 0: none), against as "

@@ -161,6 +161,13 @@ def statements(out: Path) -> str:
         lines.append(f"- {m}: mean indirect effect of the last subject token's state over layers 0-{early[-1]} "
                      f"({pooled['state']['n_facts']} facts): {', '.join(parts)}; the last token's state reaches half "
                      f"its peak at layer {handoff} of {L}.")
+        rep = ((_read(out / m / "replace" / "result.json") or {}).get("pooled") or {}).get("state")
+        if rep and rep.get("peak_last_subject") and pooled["state"].get("peak_last_subject"):
+            a, b = pooled["state"]["peak_last_subject"], rep["peak_last_subject"]
+            lines.append(f"- {m}, the two corruptions: the last subject token's state peaks at layer {a['layer']} "
+                         f"({100 * a['aie']:.1f}%) under noise and at layer {b['layer']} ({100 * b['aie']:.1f}%) "
+                         f"under token replacement ({rep['n_facts']} facts), total effects "
+                         f"{100 * pooled['state']['total_effect']:.1f}% and {100 * rep['total_effect']:.1f}%.")
     return "\n".join(lines)
 
 
