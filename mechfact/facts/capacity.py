@@ -1,0 +1,212 @@
+"""``mechfact facts capacity``: the smallest d (or MLP width) that stores every fact, per (N, R, embeddings, seed).
+
+A binary search over a grid (:func:`capacity_search`), memoised in ``result.json`` so that a killed run resumes
+without retraining; :func:`summarise_thresholds` fits the medians against R ln N and N R. The run directory follows
+:mod:`mechfact.facts.experiments`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import DictConfig, check_choice, check_float, check_int, check_int_list, check_type
+from ..executor import Executor, Job, LocalExecutor, memo_job, merge_evaluations
+from ..runs import RunDir
+from .model import EMBEDDINGS, FactModelConfig, build_fact_model
+from .spec import ModelSpec, _refuse_if_too_big, training_cost
+from .train import TrainConfig, train
+from .world import FactWorld
+
+logger = logging.getLogger(__name__)
+
+SEARCHES = ("d", "mlp-width")
+
+
+@dataclass
+class FactsCapacityConfig(DictConfig):
+    subjects: list[int] = field(default_factory=lambda: [256])
+    relations: list[int] = field(default_factory=lambda: [2, 4, 8])
+    embeddings: list[str] = field(default_factory=lambda: ["trainable"])
+    search: str = "d"  # d (at fixed mlp_width) | mlp-width (at fixed d)
+    grid: list[int] = field(default_factory=lambda: [4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256])
+    d: int = 64  # fixed d when searching the MLP width
+    mlp_width: int = 64  # fixed width when searching d
+    seeds: int = 1
+    target_accuracy: float = 0.99
+    model: ModelSpec = field(default_factory=ModelSpec)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=4000, target_accuracy=0.99,
+                                                                   eval_every=50, patience=1500))
+    attributes: list[int] | None = None  # attribute-pool sizes A (each relation maps into 0..A-1); None = bijections
+
+    def __post_init__(self) -> None:
+        check_int_list("subjects", self.subjects, 2)
+        if self.attributes is not None:
+            check_int_list("attributes", self.attributes, 2)
+            big = [a for a in self.attributes if a > min(self.subjects)]
+            if big:
+                raise ValueError(f"--attributes {' '.join(map(str, big))}: a pool is entities 0..A-1, so A must be "
+                                 f"<= the smallest --subjects ({min(self.subjects)})")
+        check_int_list("relations", self.relations, 1)
+        if not self.embeddings:
+            raise ValueError("--embeddings: give at least one value")
+        for e in self.embeddings:
+            check_choice("embeddings", e, EMBEDDINGS)
+        check_choice("search", self.search, SEARCHES)
+        if not self.grid or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.grid):
+            raise ValueError(f"--grid {self.grid}: must be positive integers")
+        check_int("d", self.d, 1)
+        check_int("mlp_width", self.mlp_width, 1)
+        check_int("seeds", self.seeds, 1)
+        check_float("target_accuracy", self.target_accuracy, lo=0, hi=1, lo_open=True)
+        check_type("model", self.model, ModelSpec)
+        check_type("train", self.train, TrainConfig)
+        for e in self.embeddings:  # the model config's own checks of each regime
+            FactModelConfig(2, 1, **self.model.config_kwargs(e))
+
+    def check_cost(self) -> None:
+        """Refuse (one line) a search whose largest model (largest grid value, N and R) cannot fit in memory."""
+        top = max(self.grid)
+        d, m = (top, self.mlp_width) if self.search == "d" else (self.d, top)
+        rows = []
+        for N in self.subjects:
+            for R in self.relations:
+                for e in self.embeddings:
+                    need, what = training_cost(N, R, d, m, self.model, batch_size=self.train.batch_size, embeddings=e,
+                                               attributes=min(self.attributes or [N]))
+                    rows.append((need, f"--subjects {N} --relations {R} --d {d} --mlp-width {m}", what))
+        _refuse_if_too_big(rows)
+
+
+def _setting(N: int, R: int, emb: str, A: int | None = None) -> str:
+    """The start of a setting's evaluation keys (a pool size only for attribute-pool worlds)."""
+    return f"N={N} R={R} " + (f"A={A} " if A is not None else "") + f"emb={emb} "
+
+
+def _eval_key(N: int, R: int, emb: str, d: int, m: int, seed: int, A: int | None = None) -> str:
+    return _setting(N, R, emb, A) + f"d={d} m={m} seed={seed}"
+
+
+def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
+                    on_eval=None, attributes: int | None = None) -> dict:
+    """Smallest grid value reaching the target accuracy (binary search, monotone assumption); memoised. With
+    ``attributes``: in the world whose relations map into a pool of that many attributes."""
+    grid = sorted(set(cfg.grid))
+    A = attributes
+    world = FactWorld(N, R, seed, attributes=A)
+    tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed, "target_accuracy": cfg.target_accuracy})
+
+    def ok(i: int) -> bool:
+        d, m = (grid[i], cfg.mlp_width) if cfg.search == "d" else (cfg.d, grid[i])
+        key = _eval_key(N, R, emb, d, m, seed, A)
+        if key not in memo:
+            model = build_fact_model(world, d, m, seed=seed, **cfg.model.model_kwargs(emb))
+            res = train(model, world, tcfg, device=device, progress=False)
+            memo[key] = {"accuracy": res["accuracy"], "steps": res["steps"], "stopped": res["stopped"]}
+            logger.info("%s: accuracy %.4f after %d steps", key, res["accuracy"], res["steps"])
+            if on_eval:
+                on_eval()
+        return memo[key]["accuracy"] >= cfg.target_accuracy
+
+    lo, hi = -1, len(grid)  # grid[lo] fails (virtual), grid[hi] succeeds (virtual: unknown)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    thr = grid[hi] if hi < len(grid) else None
+    rec = {"subjects": N, "relations": R, "embeddings": emb, "seed": seed, "searched": cfg.search,
+           "d": thr if cfg.search == "d" else cfg.d, "mlp_width": thr if cfg.search == "mlp-width" else cfg.mlp_width,
+           "threshold": thr, "n_facts": N * R, "r_log_n": R * math.log(N), "attributes": A or N,
+           "r_log_a": R * math.log(A or N)}
+    if thr is None:
+        rec["note"] = f"never reached {cfg.target_accuracy} within the grid (max {grid[-1]})"
+    return rec
+
+
+def summarise_thresholds(thresholds: list[dict]) -> dict:
+    """Median threshold per (embeddings, A, N, R) and, per regime, a least-squares line against R ln N, N R, and
+    (attribute pools) R ln A and R."""
+    groups: dict[tuple, list] = {}
+    for t in thresholds:
+        key = (t["embeddings"], t.get("attributes", t["subjects"]), t["subjects"], t["relations"])
+        groups.setdefault(key, []).append(t["threshold"])
+    table = []
+    for (emb, A, N, R), vals in sorted(groups.items()):
+        got = [v for v in vals if v is not None]
+        table.append({"embeddings": emb, "subjects": N, "relations": R, "n_facts": N * R, "r_log_n": R * math.log(N),
+                      "attributes": A, "r_log_a": R * math.log(A),
+                      "median_threshold": float(np.median(got)) if len(got) == len(vals) else None,
+                      "thresholds": vals})
+    pools = any(t["attributes"] != t["subjects"] for t in table)
+    fits = {}
+    for emb in sorted({t["embeddings"] for t in table}):
+        rows = [t for t in table if t["embeddings"] == emb and t["median_threshold"] is not None]
+        fit = {}
+        for xname in ("r_log_n", "n_facts") + (("r_log_a", "relations") if pools else ()):
+            x = np.array([t[xname] for t in rows], dtype=float)
+            y = np.array([t["median_threshold"] for t in rows], dtype=float)
+            if len(np.unique(x)) >= 2:
+                slope, intercept = np.polyfit(x, y, 1)
+                pred = slope * x + intercept
+                ss = float(np.sum((y - y.mean()) ** 2))
+                fit[xname] = {"slope": float(slope), "intercept": float(intercept),
+                              "r2": float(1 - np.sum((y - pred) ** 2) / ss) if ss > 0 else None,
+                              "slope_through_origin": float(x @ y / (x @ x)), "n_points": int(len(x))}
+        fits[emb] = fit
+    return {"table": table, "fits": fits}
+
+
+def _search_job(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
+                executor: Executor, on_eval=None, attributes: int | None = None):
+    """One threshold search as a job (:func:`mechfact.executor.memo_job`; the memo saved after every training)."""
+    return memo_job(executor, lambda m, ev: capacity_search(N, R, emb, seed, cfg, device, m, on_eval=ev,
+                                                            attributes=attributes), memo,
+                    lambda k: k.startswith(_setting(N, R, emb, attributes)) and k.endswith(f" seed={seed}"),
+                    "record", on_eval)
+
+
+def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
+                       executor: Executor | None = None) -> dict:
+    """``mechfact facts capacity``: thresholds per (N, R, embeddings, seed), written as they finish."""
+    cfg.check_cost()  # before the run directory: a refused run writes nothing
+    run = RunDir(out, cfg, kind="facts.capacity", seed=seed, device=str(device))
+    result = run.read_result({"thresholds": [], "evaluations": {}})
+    memo = result.setdefault("evaluations", {})
+    done = {(t["subjects"], t["relations"], t["embeddings"], t["seed"], t.get("attributes", t["subjects"]))
+            for t in result["thresholds"]}
+    executor = executor or LocalExecutor(desc="facts capacity")
+    jobs = []
+    for emb in cfg.embeddings:
+        for A in cfg.attributes or [None]:
+            for N in cfg.subjects:
+                for R in cfg.relations:
+                    for s in range(seed, seed + cfg.seeds):
+                        if (N, R, emb, s, A or N) in done:
+                            continue
+                        pool = f" A={A}" if A is not None else ""
+                        jobs.append(Job(key=f"{emb}{pool} N={N} R={R} seed={s}", cost=N * R / 1e3, fn=_search_job(
+                            N, R, emb, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result),
+                            attributes=A)))
+
+    def on_result(job: Job, out: dict) -> None:
+        merge_evaluations(memo, out["evaluations"])
+        rec = out["record"]
+        result["thresholds"].append(rec)
+        result["thresholds"].sort(key=lambda t: (t["embeddings"], t.get("attributes", t["subjects"]), t["subjects"],
+                                                 t["relations"], t["seed"]))
+        result["summary"] = summarise_thresholds(result["thresholds"])
+        run.write_result(result)
+
+    executor.map(jobs, on_result)
+    result["summary"] = summarise_thresholds(result["thresholds"])
+    from .plots import plot_capacity
+
+    return run.finish(result, plot_capacity, "fig_capacity.png", n_jobs_run=len(jobs))
+
