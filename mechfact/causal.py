@@ -179,13 +179,13 @@ def state_transfer(model, source, *, layers=None, max_facts: int | None = None, 
 def relation_selectivity(model, source, *, layer: int | None = None, n_units: int | None = None, template: int = 0,
                          seed: int = 0):
     """Relation selectivity of the last-position MLP units: ablate the units most selective for one relation and
-    measure every relation, against as many random units (:mod:`mechfact.probes.state_transfer`)."""
+    measure every relation, against as many random units (:mod:`mechfact.probes.selectivity`)."""
     from .facts.world import FactWorld
-    from .probes import state_transfer as st
+    from .probes import selectivity as sel
 
     if not isinstance(source, FactWorld):
         from .llm.transfer import known_facts
 
         _needs_lm(model, source)
         source = known_facts(model, source, template=template)
-    return st.relation_selectivity(model, source, layer=layer, n_units=n_units, seed=seed)
+    return sel.relation_selectivity(model, source, layer=layer, n_units=n_units, seed=seed)

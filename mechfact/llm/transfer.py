@@ -9,7 +9,8 @@ from dataclasses import replace
 import torch
 
 from ..probes.queries import ProbeSet, predictions
-from ..probes.state_transfer import KnownFacts, TransferFact, TransferFacts, TransferRelation
+from ..probes.selectivity import KnownFacts
+from ..probes.state_transfer import TransferFact, TransferFacts, TransferRelation
 from .prompts import Prompt, check_template, prefix_match, prompt_text, tokenize_prompt
 from .relations import as_relations
 
