@@ -1,7 +1,7 @@
 """The quickstart's sizes, in one place: ``--fast`` (smoke-sized, the tests), the default, and ``--full``.
 
 The default is what a new user runs (on two idle cores, with the pretrained-model part in a second process:
-about 2 minutes; on one thread about 3-4); ``--full`` adds what is slow and secondary:
+about 2 minutes); ``--full`` adds what is slow and secondary:
 the geometric regime on the bijection world (it does not learn that world in its 1000 steps, at 40 s) and two
 more layers of the pretrained model's superposition test (each layer's 200-draw nulls cost about 8 s).
 ``--full`` is the previous default quickstart, size for size.
