@@ -1,5 +1,9 @@
-"""Causal tracing with one call on a fact model or a pretrained model (:mod:`mechfact.probes.tracing` does the
-work on any hooked model; this module turns a world or relations into the queries it traces).
+"""The causal experiments with one call on a fact model or a pretrained model: causal tracing
+(:mod:`mechfact.probes.tracing`), attention knockout, attribute rate and extraction events
+(:mod:`mechfact.probes.knockout`, :mod:`mechfact.probes.extraction`), attribution patching
+(:mod:`mechfact.probes.attribution`), subject-state transfer (:mod:`mechfact.probes.state_transfer`) and relation
+selectivity (:mod:`mechfact.probes.selectivity`). Those modules do the work on any hooked model; this one turns a
+world or relations into the facts they run on.
 
 * a :class:`~mechfact.facts.world.FactWorld` (with its :class:`~mechfact.facts.model.FactModel`): the single-hop
   queries ``[s, r]`` the model answers correctly; ``replace`` swaps in other subjects (one token each);
@@ -101,11 +105,11 @@ def attention_knockout(model, source, *, window: int | None = None, targets=("su
                        progress: bool = False):
     """Attention knockout (Geva et al. 2023) on the facts ``model`` knows in ``source`` (a FactWorld, or
     relations): the last position's attention to the subject / relation / last position blocked over a window of
-    layers; the relative change of the answer's probability (:mod:`mechfact.probes.extraction`)."""
-    from .probes import extraction
+    layers; the relative change of the answer's probability (:mod:`mechfact.probes.knockout`)."""
+    from .probes import knockout
 
     queries = _known_queries(model, source, max_facts=max_facts, seed=seed, k_shot=k_shot, template=template)
-    return extraction.attention_knockout(model, queries, window=window, targets=targets, layers=layers,
+    return knockout.attention_knockout(model, queries, window=window, targets=targets, layers=layers,
                                          progress=progress)
 
 
