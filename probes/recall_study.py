@@ -19,14 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from probes.tracing_study import MODELS, RELATIONS, _installed
+from probes.tracing_study import MODELS, RELATIONS, _installed, _read
 
 EXPERIMENTS = ("knockout", "attribute_rate", "extraction", "transfer", "selectivity", "atp")
 ATP_FACTS = 1  # known facts per relation in the AtP-vs-exact comparison (the exact trace is the slow side)
-
-
-def _read(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _per_relation(fn, rels, seed: int) -> dict:

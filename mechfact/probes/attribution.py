@@ -76,10 +76,7 @@ def attribute_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, ki
     tokens = tokens.to(dev)
     n = tokens.shape[0]
     s0, s1 = subject
-    a = n - 1
-    if not 0 <= s0 <= s1 < a:
-        raise ValueError(f"subject tokens {s0}..{s1} must lie inside the prompt before its last token "
-                         f"(positions 0..{a - 1})")
+    a = tracing.answer_position(tokens, subject)
     layers = tracing.traced_layers(L, kind, layers)
     names = _site_names(kind, layers)
     with torch.no_grad():

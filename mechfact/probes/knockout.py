@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from .. import hooks, stats
 from .queries import model_device
+from .tracing import _n_layers as tracing_depth
 from .tracing import window_layers
 
 TARGETS = ("subject", "relation", "last")
@@ -56,11 +57,7 @@ class _Stop(Exception):
 
 
 def _n_layers(model) -> int:
-    n = getattr(model, "n_layers", None)
-    if n is None:
-        raise TypeError(f"{type(model).__name__} has no n_layers: attribute extraction needs a hooked model with "
-                        "n_layers and final_logits (a LanguageModel or a FactModel)")
-    return int(n)
+    return tracing_depth(model, "attribute extraction")
 
 
 def _check_queries(queries: Sequence[dict]) -> None:

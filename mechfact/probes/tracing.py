@@ -55,10 +55,10 @@ class _Stop(Exception):
     pass
 
 
-def _n_layers(model) -> int:
+def _n_layers(model, what: str = "causal tracing") -> int:
     n = getattr(model, "n_layers", None)
     if n is None:
-        raise TypeError(f"{type(model).__name__} has no n_layers: causal tracing needs a hooked model with "
+        raise TypeError(f"{type(model).__name__} has no n_layers: {what} needs a hooked model with "
                         "n_layers and final_logits (a LanguageModel or a FactModel)")
     return int(n)
 
@@ -280,6 +280,16 @@ def _run_from(model, resid: torch.Tensor, layer: int, restorer: _Restorer, start
     return model.final_logits(restorer.final).float()
 
 
+def answer_position(tokens: torch.Tensor, subject: tuple[int, int]) -> int:
+    """The answer position of a query (its last token); ValueError unless the subject lies before it."""
+    s0, s1 = subject
+    a = tokens.shape[0] - 1
+    if not 0 <= s0 <= s1 < a:
+        raise ValueError(f"subject tokens {s0}..{s1} must lie inside the prompt before its last token "
+                         f"(positions 0..{a - 1})")
+    return a
+
+
 def corrupted_inputs(tokens: torch.Tensor, subject: tuple[int, int], d_model: int, *, corruption: str,
                      noise: float | None, n_draws: int, replacements: torch.Tensor | None, seed: int,
                      index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -314,10 +324,7 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
     tokens = tokens.to(dev)
     n = tokens.shape[0]
     s0, s1 = subject
-    a = n - 1
-    if not 0 <= s0 <= s1 < a:
-        raise ValueError(f"subject tokens {s0}..{s1} must lie inside the prompt before its last token "
-                         f"(positions 0..{a - 1})")
+    a = answer_position(tokens, subject)
     last_hook = hooks.resid(L - 1, "post")
     # clean run: the states restorations copy back
     names = {"state": [hooks.embed()] + [hooks.resid(l, "post") for l in range(L)],
@@ -461,5 +468,5 @@ def fact_queries(ps, index=None) -> list[dict]:
 
 
 __all__ = ["KINDS", "SEVER", "CORRUPTIONS", "METRICS", "BUCKETS", "FactTrace", "TraceResult", "trace_query",
-           "causal_trace_queries", "fact_queries", "noise_scale", "corrupted_inputs", "window_layers", "default_window", "traced_layers"]
+           "causal_trace_queries", "fact_queries", "noise_scale", "corrupted_inputs", "answer_position", "window_layers", "default_window", "traced_layers"]
 
