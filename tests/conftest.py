@@ -51,3 +51,14 @@ def fast_report(tmp_path_factory):
         torch.set_num_threads(threads)
     assert rc == 0
     return out, buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def construction():
+    """The explicit construction on FactWorld(64, 3): the known mechanism the causal tests check against (attributes
+    in the subject embedding, attention carrying them to the last position, the MLP there selecting)."""
+    from mechfact.facts.construct import construct
+    from mechfact.facts.world import FactWorld
+
+    world = FactWorld(64, 3, seed=0)
+    return construct(world)[0], world

@@ -5,15 +5,6 @@ selecting the relation's."""
 import pytest
 
 
-@pytest.fixture(scope="module")
-def construction():
-    from mechfact.facts.construct import construct
-    from mechfact.facts.world import FactWorld
-
-    world = FactWorld(64, 3, seed=0)
-    return construct(world)[0], world
-
-
 def test_knockout_of_the_subject_removes_the_fact(construction, one_thread):
     import mechfact
 

@@ -20,15 +20,6 @@ from llm_tiny import build_model, write_relations
 
 
 @pytest.fixture(scope="module")
-def construction():
-    from mechfact.facts.construct import construct
-    from mechfact.facts.world import FactWorld
-
-    world = FactWorld(64, 3, seed=0)
-    return construct(world)[0], world
-
-
-@pytest.fixture(scope="module")
 def known(construction):
     from mechfact.causal import trace_queries
 

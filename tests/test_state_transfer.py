@@ -16,15 +16,6 @@ from llm_tiny import build_model, train_to_know, write_relations
 
 
 @pytest.fixture(scope="module")
-def construction():
-    from mechfact.facts.construct import construct
-    from mechfact.facts.world import FactWorld
-
-    world = FactWorld(64, 3, seed=0)
-    return construct(world)[0], world
-
-
-@pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     """A tiny random Llama trained for 150 full-batch steps to answer the zero-shot prompts of the tiny relations
     (every fact known), as a LanguageModel, and the relations."""

@@ -12,15 +12,6 @@ import torch
 from llm_tiny import build_model, write_relations
 
 
-@pytest.fixture(scope="module")
-def construction():
-    from mechfact.facts.construct import construct
-    from mechfact.facts.world import FactWorld
-
-    world = FactWorld(64, 3, seed=0)
-    return construct(world)[0], world
-
-
 def _aie(res, bucket):
     return {x["layer"]: x["aie"] for x in res.summary()["aie"][bucket]}
 
