@@ -83,7 +83,7 @@ def freeze_and_swap(model, world, *, new_seed: int = 1, retrain: TrainConfig | N
                                  seed=seed)
 
 
-def probe_all(model, world, *, seed: int = 0, swap: SwapConfig | None = None, readout_sites=None) -> dict:
+def probe_all(model, world, *, seed: int = 0, swap: SwapConfig | None = None, readout_sites=None):
     """:func:`mechfact.probes.experiments.probe_all` with ``swap`` defaulting to :class:`SwapConfig`."""
     return _probes.probe_all(model, world, seed=seed, swap=swap or SwapConfig(), readout_sites=readout_sites)
 

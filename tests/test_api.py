@@ -113,3 +113,52 @@ def test_load_model_without_arguments_is_the_embedded_model(monkeypatch):
         with pytest.raises(ValueError, match="x"):
             loading.load_model(spec)
     assert seen == ["smollm2-135m"] * 3
+
+
+RESULT_CLASSES = [
+    ("mechfact.facts.evaluate", "EvalResult"), ("mechfact.facts.train", "TrainResult"),
+    ("mechfact.facts.construct", "ConstructResult"), ("mechfact.memory.train", "TrainOutput"),
+    ("mechfact.memory.separable", "SeparableOutput"), ("mechfact.probes.experiments", "ProbeAllResult"),
+    ("mechfact.probes.experiments", "InterventionResult"), ("mechfact.probes.patching", "AblationResult"),
+    ("mechfact.probes.readout", "ReadoutResult"), ("mechfact.probes.superposition", "SuperpositionResult"),
+    ("mechfact.probes.swap", "SwapResult"), ("mechfact.probes.weights", "ScoresResult"),
+    ("mechfact.probes.tracing", "TraceResult"), ("mechfact.probes.knockout", "KnockoutResult"),
+    ("mechfact.probes.extraction", "AttributeRateResult"), ("mechfact.probes.extraction", "ExtractionResult"),
+    ("mechfact.probes.attribution", "AttributionResult"), ("mechfact.probes.state_transfer", "TransferResult"),
+    ("mechfact.llm.lre", "LreResult"), ("mechfact.llm.probe", "LayerReadoutResult"),
+    ("mechfact.llm.superposition", "LlmSuperpositionResult"),
+]
+
+
+@pytest.mark.parametrize("module,name", RESULT_CLASSES, ids=[n for _, n in RESULT_CLASSES])
+def test_every_result_is_a_frozen_dataclass_with_records_and_to_dict(module, name):
+    import dataclasses
+    import importlib
+
+    cls = getattr(importlib.import_module(module), name)
+    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, f"{name} is not a frozen dataclass"
+    assert callable(getattr(cls, "to_dict", None)), f"{name} has no to_dict()"
+    assert hasattr(cls, "records") or "records" in {f.name for f in dataclasses.fields(cls)}, f"{name}: no records"
+
+
+def test_trainer_results_keep_the_dict_reading_and_have_records(one_thread):
+    import json
+    import dataclasses
+
+    from mechfact.runs import _jsonable
+
+    world = mechfact.FactWorld(64, 2, seed=0)
+    res = mechfact.train(mechfact.build_fact_model(world, d=8, mlp_width=16, seed=0), world,
+                         mechfact.TrainConfig(steps=20, eval_every=10))
+    assert res["steps"] == res.steps == 20 and "history" in res and len(res["history"]) == 2
+    assert set({**res}) == {"accuracy", "per_relation", "token_accuracy", "n_queries", "loss", "steps", "stopped",
+                            "history"}
+    assert [r["relation"] for r in res.records] == [0, 1]
+    assert [r["accuracy"] for r in res.records] == res.per_relation
+    assert json.loads(json.dumps(_jsonable(res)))["steps"] == 20
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.steps = 3
+    with pytest.raises(KeyError, match="'stepz'.*steps"):
+        res["stepz"]
+    model, info = mechfact.construct(world, d=2 * 8 + 2)
+    assert info["block_size"] == 8 and info.d == model.cfg.d == 18 and info["n_queries"] == world.n_facts

@@ -43,6 +43,7 @@ attention targets depend on it) on the grouped layout of
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -50,14 +51,14 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..seeding import generator
-from .evaluate import evaluate
+from .evaluate import EvalResult, evaluate
 from .model import FactModel, FactModelConfig
 from .world import FactWorld
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["attribute_vectors", "superpose", "build_single_hop", "build_cot", "construct", "min_block_size",
-           "scan_block_size", "construction_d", "cot_construction_d", "construction_width", "block_size_for"]
+           "scan_block_size", "ConstructResult", "construction_d", "cot_construction_d", "construction_width", "block_size_for"]
 
 
 def construction_d(n_relations: int, block_size: int) -> int:
@@ -257,16 +258,26 @@ def block_size_for(d: int, n_relations: int, hops: int = 1, cot: bool = False) -
     return b
 
 
+@dataclass(frozen=True)
+class ConstructResult(EvalResult):
+    """:class:`EvalResult` of a construction on its queries, with its ``block_size``, width ``d`` and ``scan``
+    (``{"block_size", "d", "accuracy"}`` per block size tried; empty when ``d`` was given)."""
+
+    block_size: int = 0
+    d: int = 0
+    scan: list = field(default_factory=list)
+
+
 def construct(world: FactWorld, d: int | None = None, *, hops: int = 1, cot: bool = False,
               target_accuracy: float = 0.99, seed: int = 0, device: str | torch.device = "cpu"
-              ) -> tuple[FactModel, dict]:
+              ) -> tuple[FactModel, ConstructResult]:
     """The explicit construction for ``world``, evaluated: ``(model, info)``.
 
     ``d`` given: the largest block size fitting in width ``d``; ``d=None``: the
     smallest block size whose construction reaches ``target_accuracy``.
     ``hops > 1`` needs ``cot=True`` (:func:`build_cot`); ``seed`` draws the
-    attribute vectors. ``info`` is :func:`evaluate` on the training queries plus
-    ``block_size``, ``d``, ``n_queries`` and ``scan`` (every block size tried).
+    attribute vectors. ``info`` (a :class:`ConstructResult`, also read as a dict) is :func:`evaluate` on the
+    training queries plus ``block_size``, ``d`` and ``scan`` (every block size tried).
     """
     if hops > 1 and not cot:
         raise ValueError(f"--hops {hops} without --cot: the explicit multi-hop construction is the "
@@ -286,4 +297,4 @@ def construct(world: FactWorld, d: int | None = None, *, hops: int = 1, cot: boo
         b, model, res, scanned = scan_block_size(score, target=target_accuracy)
         scanned = [{"block_size": s["block_size"], "d": construction_width(R, s["block_size"], hops, cot),
                     "accuracy": s["accuracy"]} for s in scanned]
-    return model, {**res, "block_size": b, "d": model.cfg.d, "n_queries": len(queries), "scan": scanned}
+    return model, ConstructResult(**res, block_size=b, d=model.cfg.d, scan=scanned)

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
+from ..results import MappingResult
 from .world import IGNORE, FactWorld, Queries
+
+
+@dataclass(frozen=True)
+class EvalResult(MappingResult):
+    """Exact-match accuracy of a fact model; ``records``: one row per relation (``relation``, ``accuracy``)."""
+
+    accuracy: float
+    per_relation: list  # accuracy per relation id (NaN where the queries have none)
+    token_accuracy: float
+    n_queries: int
+
+    @property
+    def records(self) -> list[dict]:
+        return [{"relation": r, "accuracy": a} for r, a in enumerate(self.per_relation)]
 
 
 def check_compatible(model: nn.Module, world: FactWorld) -> None:
@@ -36,14 +53,14 @@ def supervised_logits(model: nn.Module, tokens: Tensor, supervised: Tensor) -> T
 
 @torch.no_grad()
 def evaluate(model: nn.Module, world: FactWorld, queries: Queries | None = None, *,
-             batch_size: int = 8192) -> dict:
+             batch_size: int = 8192) -> EvalResult:
     """Exact-match accuracy (default: all single-hop facts of ``world``).
 
     A query counts as correct when the argmax logit is right at EVERY supervised
     position (for chain of thought: the whole chain). Returns ``accuracy``,
     ``per_relation`` (accuracy grouped by the query's LAST relation, a list of
     length R; NaN for a relation with no query), ``token_accuracy`` (over
-    supervised positions) and ``n_queries``.
+    supervised positions) and ``n_queries``, as an :class:`EvalResult` (also read as a dict).
     """
     check_compatible(model, world)
     queries = world.single_hop() if queries is None else queries
@@ -68,12 +85,10 @@ def evaluate(model: nn.Module, world: FactWorld, queries: Queries | None = None,
     for r in range(world.n_relations):
         sel = ok_t[last == r]
         per_relation.append(float(sel.double().mean()) if len(sel) else float("nan"))
-    return {
-        "accuracy": float(ok_t.double().mean()) if len(ok_t) else float("nan"),
-        "per_relation": per_relation,
-        "token_accuracy": tok_right / tok_total if tok_total else float("nan"),
-        "n_queries": len(queries),
-    }
+    return EvalResult(accuracy=float(ok_t.double().mean()) if len(ok_t) else float("nan"),
+                      per_relation=per_relation,
+                      token_accuracy=tok_right / tok_total if tok_total else float("nan"),
+                      n_queries=len(queries))
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from ..config import DictConfig, bad, check_choice, check_float, check_int
 from ..device import flush_denormals, resolve_device
 from ..seeding import generator
-from .evaluate import check_compatible, evaluate, supervised_logits
+from .evaluate import EvalResult, check_compatible, evaluate, supervised_logits
 from .losses import linear_cross_entropy, linear_squared_error, logit_squared_error
 from .model import FactModel
 from .world import IGNORE, FactWorld, Queries
@@ -90,6 +90,18 @@ class TrainConfig(DictConfig):
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
 
 
+@dataclass(frozen=True)
+class TrainResult(EvalResult):
+    """:class:`EvalResult` on the training queries after the last step, with how training went: ``loss`` (last
+    evaluated step), ``steps`` (taken), ``stopped`` (``target`` | ``patience`` | ``budget``), ``history``
+    (``{"step", "loss", "accuracy"}`` every ``eval_every`` steps)."""
+
+    loss: float = float("nan")
+    steps: int = 0
+    stopped: str = "budget"
+    history: list = field(default_factory=list)
+
+
 def train_cost(model_cfg, n_queries: int, positions: int, supervised: int = 1, batch_size: int | None = None
                ) -> tuple[float, str]:
     """Estimated peak bytes of :func:`train` for a model of config ``model_cfg`` (a FactModelConfig) on
@@ -146,12 +158,12 @@ def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor, loss:
 
 def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | torch.device = "cpu",
           queries: Queries | None = None, *, checkpoint: Callable[[dict], None] | None = None,
-          checkpoint_every: int = 500, resume: dict | None = None, progress: bool = False) -> dict:
+          checkpoint_every: int = 500, resume: dict | None = None, progress: bool = False) -> TrainResult:
     """Fit ``model`` in place on ``queries`` (default: all single-hop facts).
 
-    Returns ``accuracy``, ``per_relation``, ``token_accuracy`` (final, on the
-    training queries), ``loss`` (last step), ``steps`` (taken), ``stopped``
-    (``target`` | ``patience`` | ``budget``) and ``history`` (a list of
+    Returns a :class:`TrainResult` (also read as a dict): ``accuracy``, ``per_relation``,
+    ``token_accuracy`` (final, on the training queries), ``loss`` (last step), ``steps`` (taken),
+    ``stopped`` (``target`` | ``patience`` | ``budget``) and ``history`` (a list of
     ``{"step", "loss", "accuracy"}`` every ``eval_every`` steps).
 
     ``checkpoint(state)`` is called every ``checkpoint_every`` steps (rounded to
@@ -244,4 +256,4 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
     if history:
         loss = history[-1]["loss"]
     res = evaluate(model, world, queries)
-    return {**res, "loss": loss, "steps": step, "stopped": stopped, "history": history}
+    return TrainResult(**res, loss=loss, steps=step, stopped=stopped, history=history)

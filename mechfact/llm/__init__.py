@@ -1,4 +1,4 @@
-"""Pretrained LLMs probed with the same readouts as the synthetic models (paper C).
+"""Pretrained LLMs probed with the same readouts as the synthetic models, and the LRE (Hernandez et al. 2024).
 
 * :mod:`.loading` -- the one module that boots models (transformer-lens bridge): ``load_model`` returns a
   :class:`~.language_model.LanguageModel`; embedded default SmolLM2-135M; in-memory Hugging Face models.

@@ -43,7 +43,8 @@ from .lre_authors import AUTHORS_BETAS, DEFAULT_TRIALS, FIXED_BETA  # noqa: F401
 from .lre_mechfact import BETA_SWEEP  # noqa: F401
 from .lre_operator import (LRE, decode_top, edited_logits, edited_predictions, estimate_lre,  # noqa: F401
                            patched_predictions)
-from .probe import check_prompt_options, map_relations
+from .jobs import map_relations
+from .probe import check_prompt_options
 from .prompts import check_template
 from .relations import Relation, as_relations
 
@@ -300,7 +301,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
             bar.update()
             return rows
 
-        map_relations(todo, executor, lm, local, functools.partial(_relation_job, cfg, layers, seed), add)
+        map_relations(todo, executor, lm, local, lambda rel: functools.partial(_relation_job, cfg, layers, seed), add)
     _summarise(result, cfg, seed)
     plot = plots.plot_lre_layers if len(layers) > 1 else plots.plot_lre
     return run.finish(result, plot, "fig_lre.png", model=lm.name, model_id=lm.model_id)

@@ -53,6 +53,7 @@ from ..probes.queries import PADDING, ProbeSet, Site, collect, pad_batch
 from ..probes.readout import nested_layer_readout, outer_fold_count, subject_splits
 from ..runs import RunDir
 from ..seeding import derive_seed
+from .jobs import map_relations
 from .loading import DTYPES, LanguageModel, check_remote, load_model, worker_model
 from .prompts import POSITIONS as PROMPT_POSITIONS
 from .prompts import build_prompts, check_template, object_token_ids
@@ -83,7 +84,10 @@ class ProbeConfig(DictConfig):
     split: str = "random"  # random: subjects dealt to folds at random | stratified: each object's subjects spread
     inner_folds: int = 3  # folds of the training subjects that choose the layer (nested cross-validation)
     C: float = 1.0  # logistic-regression regularisation (classifier readout)
-    alpha: float = 10.0  # ridge regularisation (vector readout)
+    # ridge regularisation (vector readout; features scaled to unit RMS as for fact models). 10, not the fact
+    # models' 1: an LLM relation has tens of training subjects against 576-1152 state dimensions, a fact world
+    # hundreds of subjects against d <= 128; `mechfact probe readout --alpha` sets either
+    alpha: float = 10.0
     dtype: str = "float32"
     batch_size: int = 16
     padding: str = "right"  # right | left (both exact; tested)
@@ -298,7 +302,7 @@ def _probe_relation(lm: LanguageModel, rel: Relation, cfg: ProbeConfig, layers, 
     return _relation_record(rel, rs, sel), rows
 
 
-@dataclass
+@dataclass(frozen=True)
 class LayerReadoutResult:
     """What :func:`layer_readout` returns: per-layer rows, per-relation facts, mean curves and, per relation, the
     readout at the layer chosen on validation folds of the training subjects (``best_layers``)."""
@@ -350,21 +354,6 @@ def layer_readout(lm: LanguageModel, relations=None, layers="all", *, seed: int 
     return LayerReadoutResult(**result)
 
 
-def map_relations(todo: list[Relation], executor, lm: LanguageModel, local, job, on_result) -> None:
-    """Each relation of ``todo`` once, ``on_result(name, value)`` as it finishes: ``local(rel)`` in this process,
-    or, with a Ray executor, ``job(rel, lm's device)`` as one task per relation, the largest relations first;
-    ``job`` loads the model through :func:`worker_model` (picklable: a partial of a module-level function)."""
-    if check_remote(executor, None):
-        from ..executor import Job
-
-        dev = str(lm.device)
-        executor.map([Job(key=rel.name, fn=functools.partial(job, rel, dev), cost=float(len(rel))) for rel in todo],
-                     lambda j, value: on_result(j.key, value))
-        return
-    for rel in todo:
-        on_result(rel.name, local(rel))
-
-
 def _probe_job(cfg: ProbeConfig, layers, seed: int, rel: Relation, device: str) -> tuple[dict, list[dict]]:
     """One relation's record and rows in an executor worker (which loads ``cfg.model`` once)."""
     return _probe_relation(worker_model(cfg.model, device, cfg.dtype), rel, cfg, layers, seed, False)
@@ -400,7 +389,7 @@ def run_llm_probe(cfg: ProbeConfig, out: str | Path, *, device: torch.device | s
 
     map_relations([rel for rel in rels if rel.name not in done], executor, lm,
                   lambda rel: _probe_relation(lm, rel, cfg, layers, seed, progress),
-                  functools.partial(_probe_job, cfg, layers, seed), add)
+                  lambda rel: functools.partial(_probe_job, cfg, layers, seed), add)
     result["mean_per_layer"] = mean_curves(result)
     result["best_layers"] = best_layers(result)
     run.write_result(result)

@@ -88,7 +88,7 @@ __all__ = ["ATTRIBUTES", "PROMPTS", "MASSIVE_SHARE", "DROP_SHARE", "PER_RELATION
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LlmSuperpositionResult:
     """Per layer: held-out R^2 of the superposition fit beside its nulls and controls (module docstring)."""
 

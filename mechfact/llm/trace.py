@@ -153,11 +153,12 @@ def _trace_row(lm, name: str, kind: str, queries: list[dict], counts: list[dict]
     return row
 
 
-def _trace_job(cfg: TraceConfig, window: int, seed: int, jobs: dict, rel: Relation, device: str) -> list[dict]:
-    """One relation's rows (the kinds still missing) in an executor worker, which loads ``cfg.model`` once."""
+def _trace_job(cfg: TraceConfig, window: int, seed: int, job: tuple, rel: Relation, device: str) -> list[dict]:
+    """One relation's rows (the kinds still missing) in an executor worker, which loads ``cfg.model`` once.
+    ``job``: that relation's (queries, counts, kinds), the only queries shipped to the worker."""
     from .loading import worker_model
 
-    queries, counts, kinds = jobs[rel.name]
+    queries, counts, kinds = job
     lm = worker_model(cfg.model, device, cfg.dtype)
     return [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed) for kind in kinds]
 
@@ -176,7 +177,7 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     from ..runs import RunDir
     from . import plots
     from .loading import check_remote, load_model
-    from .probe import map_relations
+    from .jobs import map_relations
 
     check_remote(executor, lm)  # before anything is loaded or written
 
@@ -221,7 +222,7 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
         return []
 
     map_relations([rel for rel in rels if jobs[rel.name][2]], executor, lm, local,
-                  functools.partial(_trace_job, cfg, window, seed, jobs), add)
+                  lambda rel: functools.partial(_trace_job, cfg, window, seed, jobs[rel.name]), add)
     result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
     return run.finish(result, plots.plot_trace, "fig_trace.png", model=lm.name, model_id=lm.model_id)
 

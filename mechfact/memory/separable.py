@@ -19,13 +19,24 @@ from .hebb import hebb
 from .problems import ROW_BLOCK, MemoryProblem, scores
 
 
-@dataclass
+@dataclass(frozen=True)
 class SeparableOutput:
+    """The LP's decision for one problem; ``records``: that one row."""
+
     separable: bool
     W: Tensor | None  # a perfect-recall W when separable
     t_star: float  # LP optimum of the last working set (max-min margin, box-normalised)
     n_constraints: int
     iterations: int
+
+    @property
+    def records(self) -> list[dict]:
+        return [self.to_dict()]
+
+    def to_dict(self) -> dict:
+        """The numbers (a perfect-recall matrix stays in ``W``)."""
+        return {"separable": self.separable, "t_star": self.t_star, "n_constraints": self.n_constraints,
+                "iterations": self.iterations}
 
 
 def _constraint_rows(problem: MemoryProblem, E: Tensor, T: Tensor, pairs: np.ndarray) -> np.ndarray:

@@ -95,12 +95,22 @@ def train_bytes(kind: str, d: int, p: int, n_problems: int = 1, kappa: float = 1
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainOutput:
+    """What :func:`train` returns for a batch of problems; ``records``: one row per problem."""
+
     W: list[Tensor]  # one (d, d) matrix per problem
     accuracy: list[float]  # accuracy of the returned W
     steps: list[int]  # steps taken until perfect recall (or the budget)
     W_init: list[Tensor] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[dict]:
+        return [{"problem": i, "accuracy": a, "steps": s} for i, (a, s) in enumerate(zip(self.accuracy, self.steps))]
+
+    def to_dict(self) -> dict:
+        """The numbers (the matrices stay in ``W`` / ``W_init``)."""
+        return {"accuracy": list(self.accuracy), "steps": list(self.steps)}
 
 
 def _pad(rows: list[Tensor], P: int) -> Tensor:

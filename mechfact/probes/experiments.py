@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import hooks
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
+from ..results import MappingResult
 from .protocols import FactWorldLike, HookedModel, SwapSpec
 from .queries import ProbeSet, as_probe_set
 from .readout import DEFAULT_SITES
@@ -114,7 +115,7 @@ def superposition(model: HookedModel, world: FactWorldLike, heldout_fraction: fl
                               seed=seed)
 
 
-@dataclass
+@dataclass(frozen=True)
 class InterventionResult:
     """Selector-unit ablation per relation (``per_relation``) plus relation-token swaps."""
 
@@ -172,9 +173,25 @@ def intervene(model: HookedModel, queries, *, relations=None, site: str | None =
     return InterventionResult(ab.site, ab.per_relation, ab.clean_per_relation, ab.chance, swaps, ab.selectivity)
 
 
+@dataclass(frozen=True)
+class ProbeAllResult(MappingResult):
+    """Every probe of :func:`probe_all`, each as its ``to_dict()``; read as a dict of those four.
+    ``records``: one row, the headline numbers (:func:`summary`)."""
+
+    superposition: dict
+    readout: dict
+    intervene: dict
+    swap: dict
+
+    @property
+    def records(self) -> list[dict]:
+        return [summary(self)]
+
+
 def probe_all(model: HookedModel, world: FactWorldLike, *, swap: SwapSpec | None = None, seed: int = 0,
-              readout_sites=None) -> dict:
-    """Superposition, readout (embedding site), ablation + relation swaps, freeze-and-swap: one dict.
+              readout_sites=None) -> ProbeAllResult:
+    """Superposition, readout (embedding site), ablation + relation swaps, freeze-and-swap: one
+    :class:`ProbeAllResult` (keys ``superposition``, ``readout``, ``intervene``, ``swap``).
 
     ``swap`` says how the swapped embeddings are retrained (:func:`mechfact.targets.probe_all` defaults it).
     """
@@ -188,10 +205,10 @@ def probe_all(model: HookedModel, world: FactWorldLike, *, swap: SwapSpec | None
     rd = readout(model, ps, readout_sites or [f"{hooks.embed()}@subject"], seed=seed)
     iv = intervene(model, ps, seed=seed)
     sw = freeze_and_swap(model, world, new_seed=swap.new_seed, retrain=swap.retrainer(), sfit=sp.fit, seed=seed)
-    return {"superposition": sp.to_dict(), "readout": rd.to_dict(), "intervene": iv.to_dict(), "swap": sw.to_dict()}
+    return ProbeAllResult(superposition=sp.to_dict(), readout=rd.to_dict(), intervene=iv.to_dict(), swap=sw.to_dict())
 
 
-def summary(res: dict) -> dict:
+def summary(res) -> dict:
     """The headline numbers of :func:`probe_all` (per relation where relations differ)."""
     sp, rd, iv, sw = res["superposition"], res["readout"]["per_relation"], res["intervene"], res["swap"]
     emb = [r["accuracy"] for r in rd if r["site"].startswith(hooks.embed())]

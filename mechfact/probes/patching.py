@@ -194,7 +194,7 @@ def selectivity(model, ps: ProbeSet, site: str | None = None) -> Selectivity:
     return Selectivity(site, A.tolist(), [rels[i] for i in arg.tolist()], idx.tolist(), rels)
 
 
-@dataclass
+@dataclass(frozen=True)
 class AblationResult:
     site: str
     per_relation: list[dict]
@@ -204,6 +204,12 @@ class AblationResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def records(self) -> list[dict]:
+        """One row per ablated relation (without the unit lists)."""
+        return [{k: v for k, v in r.items() if k not in ("ablated_units", "random_units", "intervention")}
+                for r in self.per_relation]
 
 
 def relation_units(sel: Selectivity, r: int, n_units: int | None = None) -> list[int]:

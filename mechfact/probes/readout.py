@@ -273,7 +273,7 @@ DEFAULT_SITES = (f"{hooks.embed()}@subject", f"{hooks.resid(0, 'mid')}@last", f"
                  f"{hooks.resid(0, 'post')}@last")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReadoutResult:
     per_relation: list  # dicts: relation, site, accuracy, control_accuracy, chance, prior_baseline, ceiling (each
     # with _ci, _n), kind, n_train, n_test, n_classes
@@ -284,6 +284,11 @@ class ReadoutResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def records(self) -> list[dict]:
+        """One row per (relation, site)."""
+        return self.per_relation
 
     def table(self) -> dict:
         """{site: {relation: accuracy}}."""

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from .. import hooks, stats
 from ..seeding import derive_seed
 from .queries import ProbeSet, Site, collect, model_device, pad_batch, predictions
+from .tracing import _n_layers as tracing_depth
 
 logger = logging.getLogger(__name__)
 
@@ -90,11 +91,7 @@ def _is_world(source) -> bool:
 
 
 def _n_layers(model) -> int:
-    n = getattr(model, "n_layers", None)
-    if n is None or not hasattr(model, "final_logits"):
-        raise ValueError(f"model of type {type(model).__name__}: state transfer needs a hooked model with n_layers "
-                         "and final_logits (a LanguageModel or a FactModel)")
-    return int(n)
+    return tracing_depth(model, "state transfer")
 
 
 def _check_layers(n_layers: int, layers) -> list[int]:
@@ -202,7 +199,7 @@ def _patched_top1(model, tokens: list[list[int]], pos: list[int], states: torch.
 
 # ---- results -------------------------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class TransferResult:
     """Per (relation, layer, source fact): ``success``, ``kept``, ``control``, ``control_moved``,
     ``control_kept`` (module docstring), with the subjects, facts and top-1 tokens of both runs."""

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from ..results import scalar_row
 from ..seeding import derive_seed, generator
 from .folds import kfold, split_indices  # noqa: F401 (kfold: its home was here)
 
@@ -111,7 +112,7 @@ def block_overlap(maps: np.ndarray, energy: float = 0.9) -> tuple[list[list[floa
     return ov, [b.shape[1] for b in bases]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SuperpositionResult:
     r2_train: float
     r2_heldout: float
@@ -132,6 +133,11 @@ class SuperpositionResult:
         d = asdict(self)
         d.pop("fit")
         return d
+
+    @property
+    def records(self) -> list[dict]:
+        """One row: the fit's scalar numbers (R^2 and controls, alpha, sizes)."""
+        return [scalar_row(self)]
 
 
 def superposition_test(embeddings, attributes, perms, train_subjects, heldout_subjects, *, seed: int = 0,

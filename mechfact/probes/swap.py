@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .. import hooks
+from ..results import scalar_row
 from .protocols import FactWorldLike, HookedModel, Retrainer
 from .queries import ProbeSet, accuracy, model_device
 from .superposition import SuperpositionFit, fit_superposition
@@ -96,7 +97,7 @@ def check_new_seed(world: FactWorldLike, new_seed: int) -> FactWorldLike:
     return new
 
 
-@dataclass
+@dataclass(frozen=True)
 class SwapResult:
     zero_shot_accuracy: float  # new facts, embeddings built from the fitted maps, nothing trained
     zero_shot_control_accuracy: float  # embeddings built for an unrelated world, scored on the new facts
@@ -112,6 +113,11 @@ class SwapResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def records(self) -> list[dict]:
+        """One row: the accuracies and the chance rate (the curves stay in the fields)."""
+        return [scalar_row(self)]
 
 
 def freeze_and_swap(model: HookedModel, world: FactWorldLike, *, retrain: Retrainer, new_seed: int = 1,

@@ -57,7 +57,7 @@ class _Stop(Exception):
 
 def _n_layers(model, what: str = "causal tracing") -> int:
     n = getattr(model, "n_layers", None)
-    if n is None:
+    if n is None or not hasattr(model, "final_logits"):
         raise TypeError(f"{type(model).__name__} has no n_layers: {what} needs a hooked model with "
                         "n_layers and final_logits (a LanguageModel or a FactModel)")
     return int(n)

@@ -27,12 +27,13 @@ import torch
 from .. import hooks
 from .. import randmat as theory
 from ..randmat import spectrum_summary
+from ..results import scalar_row
 from .patching import run_with_interventions
 from .protocols import HookedModel
 from .queries import ProbeSet, check_hooks, model_device
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScoresResult:
     accuracy: float
     n_competitors: int
@@ -51,6 +52,11 @@ class ScoresResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def records(self) -> list[dict]:
+        """One row: the score statistics (per-query scores and spectra stay in the fields)."""
+        return [scalar_row(self)]
 
 
 @torch.no_grad()
