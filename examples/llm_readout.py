@@ -28,7 +28,7 @@ print(f"{rel.name}: {facts['n_samples']} facts, {facts['n_known']} known by {lm.
 
 print(f"\n{'layer':>5} {'readout':>8} {'control':>8} {'chance':>7}")
 for row in res.records:
-    print(f"{row['layer']:>5} {row['readout_accuracy']:>8.2f} {row['control_accuracy']:>8.2f} {row['chance']:>7.2f}")
+    print(f"{row['layer']:>5} {row['accuracy']:>8.2f} {row['control_accuracy']:>8.2f} {row['chance']:>7.2f}")
 
 lre = mechfact.lre(lm, rel, layer=15, n_train=3, max_test=20, n_trials=1, ranks=[64])  # one trial, one edit rank
 print(f"\nLRE at layer 15 from {lre.n_train} Jacobians: faithfulness {lre.faithfulness:.2f}, "

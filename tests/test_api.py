@@ -162,3 +162,22 @@ def test_trainer_results_keep_the_dict_reading_and_have_records(one_thread):
         res["stepz"]
     model, info = mechfact.construct(world, d=2 * 8 + 2)
     assert info["block_size"] == 8 and info.d == model.cfg.d == 18 and info["n_queries"] == world.n_facts
+
+
+def test_llm_readout_records_use_the_fact_readouts_keys(one_thread):
+    """``layer_readout(...).records`` and ``readout(...).records`` name the same numbers alike; result.json rows
+    (``per_layer``) keep their stored keys."""
+    from mechfact.llm.probe import LayerReadoutResult
+
+    world = mechfact.FactWorld(64, 2, seed=0)
+    model, _ = mechfact.construct(world, d=2 * 8 + 2)
+    fact_row = mechfact.readout(model, world, [mechfact.Site(mechfact.hooks.embed(), "subject")]).records[0]
+    stored = {"relation": "r", "layer": 3, "readout_kind": "classifier", "facts": "all", "readout_accuracy": 0.8,
+              "readout_accuracy_ci": [0.6, 0.9], "readout_accuracy_n": 20, "control_accuracy": 0.3, "chance": 0.25}
+    res = LayerReadoutResult(model="m", n_layers=4, relations=[], per_layer=[stored])
+    row = res.records[0]
+    assert row["accuracy"] == 0.8 and row["accuracy_ci"] == [0.6, 0.9] and row["accuracy_n"] == 20
+    assert row["kind"] == "classifier" and "readout_accuracy" not in row and "readout_kind" not in row
+    shared = {"relation", "kind", "accuracy", "accuracy_ci", "control_accuracy", "chance"}
+    assert shared <= set(row) and shared <= set(fact_row), (set(row), set(fact_row))
+    assert res.to_dict()["per_layer"][0]["readout_accuracy"] == 0.8

@@ -108,3 +108,42 @@ def test_the_results_pages_are_what_their_command_writes_from_the_shipped_runs(m
     mod = importlib.import_module(f"probes.{module}")
     mod.write_doc(root / runs, tmp_path / "page.md")
     assert (tmp_path / "page.md").read_text() == (root / page).read_text()
+
+
+def _fake_trace(folder, mlp_bucket: str, mlp_layer: int, attn_bucket: str, attn_layer: int, severed: tuple):
+    """A pooled noise trace of a 20-layer model whose MLP / attention peaks and severed effects are set."""
+    buckets = ("first_subject", "middle_subject", "last_subject", "first_after", "further", "last")
+
+    def summary(peak_bucket, peak_layer, early=0.0):
+        out = {"n_facts": 8, "aie": {b: [{"layer": l, "aie": early if b == "last_subject" and l < 5 else 0.01}
+                                         for l in range(20)] for b in buckets}}
+        for b in buckets:
+            out[f"peak_{b}"] = {"layer": 0, "aie": 0.01, "aie_ci": [0.0, 0.02]}
+        out[f"peak_{peak_bucket}"] = {"layer": peak_layer, "aie": 0.3, "aie_ci": [0.2, 0.4]}
+        return out
+
+    pooled = {"state": summary("last", 15, early=0.4), "mlp": summary(mlp_bucket, mlp_layer),
+              "attn": summary(attn_bucket, attn_layer), "severed_mlp": summary("last", 19, early=severed[0]),
+              "severed_attn": summary("last", 19, early=severed[1])}
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"n_layers": 20, "pooled": pooled}))
+
+
+def test_the_trace_page_states_agreement_by_its_rules_on_both_sides(tmp_path):
+    """GPT-2 XL's pattern (MLP at the last subject token, early-middle; attention at the last token, later;
+    severing MLPs, not attention, removes the early effect) reads "agrees"; each part broken reads "differs"."""
+    from probes import tracing_study as T
+
+    _fake_trace(tmp_path / "a" / "smollm2-135m" / "noise", "last_subject", 7, "last", 14, (0.05, 0.35))
+    text = T.comparison(tmp_path / "a")
+    assert text.count("agrees") == 4 and "differs" not in text, text
+    assert "layer 7 (0.35 of the depth" in text and "40.0% alone, 5.0% with MLPs severed" in text, text
+    _fake_trace(tmp_path / "b" / "smollm2-135m" / "noise", "first_subject", 1, "last_subject", 6, (0.3, 0.1))
+    text = T.comparison(tmp_path / "b")
+    assert "place differs: strongest at the first subject token" in text, text
+    assert "depth differs: earlier than early-middle" in text, text
+    assert "layer 6 (0.30 of the depth, 30.0% [20.0, 40.0]); differs" in text, text
+    assert "differs: severing the MLPs does not remove it" in text, text
+    _fake_trace(tmp_path / "c" / "smollm2-135m" / "noise", "last_subject", 14, "last", 14, (0.05, 0.1))
+    text = T.comparison(tmp_path / "c")
+    assert "depth differs: later than early-middle" in text and "severing attention removes it too" in text, text

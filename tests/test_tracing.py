@@ -198,10 +198,16 @@ def test_trace_command_refuses_bad_input_with_one_line(tiny_llama, tmp_path):
     import subprocess
     import sys
 
+    import json
+
     lm, rels = tiny_llama
     folder = str(tmp_path / "m")
     model_dir = str(rels.parent / "llama")
+    no_slot = tmp_path / "no_slot.json"
+    no_slot.write_text(json.dumps({"name": "capital", "prompt_templates": ["The capital is"],
+                                   "samples": [{"subject": "France", "object": "Paris"}]}))
     cases = [(["--model", model_dir, "--relations", str(rels)], "no known facts to trace"),
+             (["--model", model_dir, "--relations", str(no_slot)], "must contain exactly one '{}'"),
              (["--relation-names", "country_capital", "--window", "99"], "--window 99: larger than the depth"),
              (["--kinds", "resid"], "kinds")]
     for argv, msg in cases:

@@ -203,16 +203,14 @@ class FactWorld:
     # ---- splits ------------------------------------------------------------------
     def split_subjects(self, heldout_fraction: float = 0.2, seed: int | None = None
                        ) -> tuple[Int[Tensor, "n_train"], Int[Tensor, "n_heldout"]]:
-        """Random disjoint (train, held-out) subject ids, each sorted.
+        """Random disjoint (train, held-out) subject ids, each sorted: the probes' split
+        (:func:`mechfact.probes.folds.split_indices`; held-out size ``round(fraction * N)``, clipped to 1..N-1)
+        seeded by ``seed`` (default: the world's seed)."""
+        from ..probes.folds import split_indices
 
-        Held-out size is ``round(fraction * N)``, clipped to 1..N-1.
-        """
-        if not 0.0 < heldout_fraction < 1.0:
-            raise ValueError(f"heldout_fraction={heldout_fraction}: must lie strictly between 0 and 1")
-        n_held = min(max(round(heldout_fraction * self.n_entities), 1), self.n_entities - 1)
-        g = generator(self.seed if seed is None else seed, "facts.world.split")
-        order = torch.randperm(self.n_entities, generator=g)
-        return order[n_held:].sort().values, order[:n_held].sort().values
+        tr, te = split_indices(self.n_entities, heldout_fraction, self.seed if seed is None else seed,
+                               "facts.world.split")
+        return torch.from_numpy(tr), torch.from_numpy(te)
 
     # ---- serialisation -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

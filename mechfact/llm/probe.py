@@ -212,6 +212,7 @@ def _readout_facts(rs: RelationStates, cfg: ProbeConfig) -> tuple[str, np.ndarra
 
 _RENAME = {"accuracy": "readout_accuracy", "accuracy_ci": "readout_accuracy_ci", "accuracy_n": "readout_accuracy_n",
            "accuracy_range": "readout_accuracy_range"}
+_SHARED = {**{v: k for k, v in _RENAME.items()}, "readout_kind": "kind"}  # result.json row keys -> records' keys
 
 
 def relation_readout(rs: RelationStates, lm: LanguageModel, cfg: ProbeConfig, seed: int
@@ -316,8 +317,9 @@ class LayerReadoutResult:
 
     @property
     def records(self) -> list[dict]:
-        """The per-layer rows: one per (relation, layer)."""
-        return self.per_layer
+        """One row per (relation, layer), in the probes' shared keys (``accuracy``, ``kind``, as
+        :func:`mechfact.readout` rows); ``per_layer`` keeps result.json's ``readout_accuracy`` / ``readout_kind``."""
+        return [{_SHARED.get(k, k): v for k, v in r.items()} for r in self.per_layer]
 
     def accuracy(self, relation: str) -> dict[int, float]:
         """{layer: held-out readout accuracy} of one relation."""
