@@ -17,6 +17,7 @@ records sorted writes byte-identical results in any completion order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -92,6 +93,21 @@ def _run_job(fn: Callable[[], Any], threads: int) -> Any:
     return fn()
 
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """``os.environ`` with ``values`` set inside the block, as it was after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _check_workers(workers: int | None) -> int | None:
     if workers is None:
         return None
@@ -134,13 +150,17 @@ class RayExecutor(Executor):
             env = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),
                    "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1"}
             kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, logging_level=logging.ERROR,
-                                      configure_logging=True, runtime_env={"env_vars": env})
+                                      configure_logging=True)
             if self.address is None:
+                # a local runtime's workers inherit the environment its daemons start with: the variables go in
+                # there (no runtime environment to build, so the workers Ray starts ahead are used at once:
+                # benchmarks/ray_bench.py) and the driver's own environment is restored after the start
                 kw.update(num_cpus=self.workers or os.cpu_count() or 1, object_store_memory=200 * 2**20)
             else:
-                kw.update(address=self.address)
+                kw.update(address=self.address, runtime_env={"env_vars": env})
             try:
-                ray.init(**kw)
+                with _environment(env if self.address is None else {}):
+                    ray.init(**kw)
             except ConnectionError as exc:
                 raise ValueError(f"--ray-address {self.address}: no Ray cluster there ({' '.join(str(exc).split())[:200]})") from None
             self._started = self.address is None

@@ -106,6 +106,31 @@ def test_ray_executor_hands_over_every_finished_job_before_the_error():
     assert got == {f"ok{i}": i * i for i in range(5)}
 
 
+def test_local_ray_workers_get_one_thread_and_the_driver_keeps_its_environment(monkeypatch):
+    """The thread settings reach the workers through the local runtime's environment, and the driver's own
+    environment is as it was before the start."""
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    before = dict(os.environ)
+    ex = RayExecutor(workers=1, progress=False)
+    got = {}
+
+    def probe():
+        import os as _os
+
+        import torch as _torch
+
+        return {k: _os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                "TQDM_DISABLE")} | {"torch": _torch.get_num_threads()}
+    try:
+        ex.map([Job("env", probe)], lambda job, value: got.update(value))
+        assert dict(os.environ) == before
+    finally:
+        ex.close()
+    assert got == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1",
+                   "torch": 1}
+
+
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(kind="dask"), "--executor 'dask': allowed values are local, ray"),
     (dict(kind="ray", workers=0), "--workers 0: must be a whole number from 1"),
