@@ -15,7 +15,8 @@ What it runs, per packaged model (``mechfact llm models``; install lines in the 
 Run folders: ``runs/fam/<model>/{probe,lre_authors_factual,lre_authors_linguistic,lre_layers_<part>,superposition}``.
 Reruns skip finished runs (and a stopped run resumes relation by relation). Every number printed comes from
 these run folders; a part split over several processes (``lre_authors_<part>_*``, each with its own
-``--relation-names``) is read as one.
+``--relation-names``) is read as one. (One script of ~470 lines: running the parts, reading them back and
+writing the page share the run-folder layout, so they stay together.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Causal tracing (Meng et al., NeurIPS 2022) on any hooked model: where does restoring one clean state bring a
-corrupted fact back? (The protocol, its batched runner and its result in one module of ~420 lines.)
+corrupted fact back? (The protocol, its batched runner and its result in one module of ~470 lines.)
 
 Per query (its tokens, subject span ``[s0, s1]``, answer position, target token ``y`` = the clean run's top-1):
 
