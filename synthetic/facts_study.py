@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 GRID = "3 4 5 6 7 8 10 12 14 16 20 24 28 32 40 48 64".split()
+POOL_GRID = ["1", "2", *GRID]  # a pool of A attributes holds R log A bits per subject: thresholds can sit below 3
 COS = ["--lr", "3e-2", "--schedule", "warmup-cosine", "--patience", "0"]
 CONST = ["--lr", "1e-2", "--patience", "0"]
 
@@ -59,7 +60,7 @@ PARTS: dict[str, list[str]] = {
     # step at N = 4096, R = 16, A = 64, d = 64 takes ~1.5 s on one CPU thread (benchmarks/outputs_bench.py): the
     # N = 4096 parts are for a cluster (--executor ray --ray-address ...) or a GPU (--device cuda)
     **{f"pool_N{N}": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16", "64",
-                      "256", "--outputs", "attributes", "--grid", *GRID, "--steps", "2000", *COS, "--seeds",
+                      "256", "--outputs", "attributes", "--grid", *POOL_GRID, "--steps", "2000", *COS, "--seeds",
                       "2" if N == 4096 else "3"] for N in (256, 1024, 4096)},
     # multi-hop, direct vs chain of thought (defaults: N=32, R=4, d=16, width 32, learned attention)
     **{f"multihop_seed{s}": ["multihop", "--seed", str(s)] for s in range(3)},

@@ -4,6 +4,8 @@ gradient descent find the geometric solution?
     python -m synthetic.threshold_study --out runs/threshold --subjects 256 --relations 4 --attributes 16 \\
         --capacity runs/facts/pool_N256 [--factors 1 1.5 3] [--regimes default geometric] [--seeds 0 1]
     python -m synthetic.threshold_study --out runs/threshold --table     # markdown table + figure from the runs
+    python -m synthetic.threshold_study --out runs/threshold --capacity-runs runs/facts --export docs/runs/pool
+    python -m synthetic.threshold_study --out docs/runs/pool --doc docs/results_pool.md   # the page, from runs alone
 
 For one attribute-pool world shape (N subjects, R relations into a pool of A attributes; the model predicts over
 the A attributes) and each regime, factor f and seed: train a one-layer fact model at d = ceil(f d*), then run
@@ -133,21 +135,183 @@ def table(rows: list[dict]) -> str:
 
 
 def figure(rows: list[dict], path: Path) -> None:
+    """Held-out superposition R^2 and zero-shot accuracy against d / d*: one line per (world, regime), the
+    median over seeds."""
     from mechfact.plotting import save, subplots
 
-    fig, axes = subplots(1, 2, figsize=(9.6, 3.8))
-    for regime, marker in zip(REGIMES, "os"):
-        pts = sorted((r["factor"], r["r2_heldout"], r["zero_shot_accuracy"]) for r in rows
-                     if r["regime"] == regime and r.get("factor") is not None)
-        if pts:
-            axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker, label=regime)
-            axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker, label=regime)
+    fig, axes = subplots(1, 2, figsize=(10.4, 4.0))
+    worlds = sorted({(r["subjects"], r["relations"], r["attributes"]) for r in rows})
+    colors = {w: f"C{i % 10}" for i, w in enumerate(worlds)}
+    for w in worlds:
+        for regime, style in zip(REGIMES, ("o-", "s--")):
+            g: dict[float, list] = {}
+            for r in rows:
+                if (r["subjects"], r["relations"], r["attributes"]) == w and r["regime"] == regime \
+                        and r.get("factor") is not None:
+                    g.setdefault(r["factor"], []).append(r)
+            if not g:
+                continue
+            fs = sorted(g)
+            for ax, key in zip(axes, ("r2_heldout", "zero_shot_accuracy")):
+                ax.plot(fs, [statistics.median(x[key] for x in g[f]) for f in fs], style, color=colors[w],
+                        label=f"{regime}, N={w[0]} R={w[1]} A={w[2]}")
     axes[0].set_ylabel("superposition R^2 (held-out subjects)")
     axes[1].set_ylabel("zero-shot freeze-and-swap accuracy")
     for ax in axes:
         ax.set_xlabel("d / d*")
-        ax.legend(fontsize=8)
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     save(fig, path)
+
+
+# ---- the page: d* in pool worlds and the mechanism at the threshold, from run files alone ----
+
+def export(capacity_runs: Path, threshold_runs: Path, dest: Path) -> int:
+    """Copies the pool capacity runs' JSON (``<capacity_runs>/pool_N*``) to ``dest/capacity`` and every finished
+    threshold run's summary.json to ``dest/threshold`` (same layout): what a clone rebuilds the page from."""
+    from mechfact.runs import read_json, write_json_atomic
+
+    n = 0
+    for folder in sorted(capacity_runs.glob("pool_N*")):
+        for name in ("config.json", "result.json", "meta.json"):
+            if (folder / name).is_file():
+                data = read_json(folder / name)
+                if name == "config.json":
+                    data.get("config", {}).pop("out", None)
+                write_json_atomic(dest / "capacity" / folder.name / name, data)
+                n += 1
+    for summ in sorted(threshold_runs.glob("N*_R*_A*/*/summary.json")):
+        write_json_atomic(dest / "threshold" / summ.relative_to(threshold_runs), read_json(summ))
+        n += 1
+    return n
+
+
+def pool_thresholds(src: Path) -> tuple[list[dict], list[str]]:
+    """Every trainable-embedding threshold record of the pool capacity runs under ``src/capacity``."""
+    from mechfact.runs import read_json
+
+    recs, parts = [], []
+    for f in sorted((src / "capacity").glob("pool_N*/result.json")):
+        got = [t for t in read_json(f)["thresholds"] if t["embeddings"] == "trainable"]
+        recs += got
+        parts.append(f.parent.name)
+    return recs, parts
+
+
+def dstar_table(recs: list[dict]) -> str:
+    from mechfact.facts.experiments import summarise_thresholds
+
+    summ = summarise_thresholds(recs)
+    lines = ["| N | R | A | R ln N | R ln A | d* per seed | median d* | d* / (R ln A) |", "|---|---|---|---|---|---|---|---|"]
+    for t in sorted(summ["table"], key=lambda t: (t["subjects"], t["attributes"], t["relations"])):
+        med = t["median_threshold"]
+        vals = ", ".join("—" if v is None else str(v) for v in t["thresholds"])
+        bound = "<= " if t["at_grid_min"] else ""
+        bij = " (= N)" if t["attributes"] == t["subjects"] else ""
+        median = "—" if med is None else f"{bound}{med:g}"
+        ratio = "—" if med is None else f"{med / t['r_log_a']:.2f}"
+        lines.append(f"| {t['subjects']} | {t['relations']} | {t['attributes']}{bij} | {t['r_log_n']:.1f} | "
+                     f"{t['r_log_a']:.1f} | {vals} | {median} | {ratio} |")
+    lines += ["", "| fit of the median d* (trainable embeddings) | slope [95% over seeds] | intercept | R^2 | points |",
+              "|---|---|---|---|---|"]
+    names = {"r_log_n": "R ln N", "r_log_a": "R ln A", "relations": "R", "n_facts": "N R"}
+    for x, f in summ["fits"].get("trainable", {}).items():
+        lo, hi = f["slope_ci"]
+        ci = "" if lo is None else f" [{lo:.3g}, {hi:.3g}]"
+        r2 = "—" if f["r2"] is None else f"{f['r2']:.2f}"
+        lines.append(f"| d* = a {names[x]} + b | {f['slope']:.3g}{ci} | {f['intercept']:.2f} | {r2} | "
+                     f"{f['n_points']} |")
+    return "\n".join(lines)
+
+
+def dstar_figure(recs: list[dict], path: Path) -> None:
+    """Median d* against R ln A and against R ln N, one line per (N, A); hollow markers: at the grid minimum."""
+    from mechfact.facts.experiments import summarise_thresholds
+    from mechfact.plotting import save, subplots
+
+    table = [t for t in summarise_thresholds(recs)["table"] if t["median_threshold"] is not None]
+    fig, axes = subplots(1, 2, figsize=(10.4, 4.0))
+    series = sorted({(t["subjects"], t["attributes"]) for t in table})
+    for i, (n, a) in enumerate(series):
+        pts = sorted((t for t in table if (t["subjects"], t["attributes"]) == (n, a)), key=lambda t: t["relations"])
+        label = f"N={n}, A={a}" + (" (bijection)" if a == n else "")
+        for ax, x in zip(axes, ("r_log_a", "r_log_n")):
+            ax.plot([t[x] for t in pts], [t["median_threshold"] for t in pts], "o-", color=f"C{i % 10}",
+                    label=label, mfc="none" if all(t["at_grid_min"] for t in pts) else None)
+    axes[0].set_xlabel(r"$R \ln A$")
+    axes[1].set_xlabel(r"$R \ln N$")
+    for ax in axes:
+        ax.set_ylabel("d* (smallest d reaching 99%)")
+    axes[1].legend(fontsize=7)
+    save(fig, path)
+
+
+def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
+    """The page from ``src/capacity`` and ``src/threshold`` alone (figures into ``img`` when given)."""
+    recs, parts = pool_thresholds(src)
+    rows = collect(src / "threshold")
+    ns = sorted({t["subjects"] for t in recs})
+    text = [
+        "# Paper B in its own setting: attribute-pool worlds", "",
+        "This page is written by `python -m synthetic.threshold_study --out docs/runs/pool --doc "
+        "docs/results_pool.md` from the run files under `docs/runs/pool` alone. They come from "
+        f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts) or 'pool_N256'}` (the "
+        "thresholds), `python -m synthetic.threshold_study --out runs/threshold --capacity runs/facts/pool_N256 "
+        "--relations R --attributes A` (the mechanism at d*, 1.5 d* and 3 d*) and `python -m "
+        "synthetic.threshold_study --out runs/threshold --capacity-runs runs/facts --export docs/runs/pool`.", "",
+        "The paper's setting: N subjects, R relations, each mapping every subject into a shared pool of A "
+        "attributes (A = N: every relation a bijection, the setting of `results_facts.md`); the one-layer fact "
+        "model predicts over the A attributes; a setting reaches when the accuracy over all N R facts is >= 99%; "
+        "d* is the smallest grid value that reaches (bisection; MLP width 64, Adam 3e-2 with warm-up and cosine "
+        "decay, 2000 steps, stopped at 99%).", "",
+        "## 1. The width threshold d*", "",
+        dstar_table(recs) if recs else "(no capacity runs)", "",
+        "Intervals: 95% bootstrap over seeds (each seed's world and initialisation resampled whole). `<=`: the "
+        "threshold sat at the grid's smallest value in some seed. "
+        + (f"With one N ({ns[0]}), R ln N is proportional to R, so those two fits coincide; the N = 1024 and "
+           "4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
+        "![d* in pool worlds](img/dstar_pool.png)", "",
+        "## 2. The mechanism at the threshold", "",
+        "For each world and regime, a model trained at d = ceil(f d*) for f = 1, 1.5, 3 (d*: the median of "
+        "section 1), then every probe: held-out superposition R^2 (subject embeddings as sums of attribute "
+        "vectors, fitted on training subjects) and its shuffled control, the readout of each relation's "
+        "attribute from the subject embedding (worst relation), zero-shot freeze-and-swap (new facts written "
+        "into embeddings built from the fitted maps) and its control, and the accuracy change when the units "
+        "most selective for one relation are ablated (on that relation / on the others). `default`: the "
+        "capacity search's own training (cross-entropy); `geometric`: squared error + L2 1e-3 + zero-init "
+        "subject embeddings, 3000 steps. Medians over seeds [range].", "",
+        table(rows) if rows else "(no threshold runs)", "",
+    ]
+    if rows:
+        text += [_reading(rows), "", "![the mechanism against d / d*](img/threshold.png)", ""]
+    from mechfact.runs import atomic_path
+
+    with atomic_path(doc) as tmp:
+        tmp.write_text("\n".join(text))
+    if img is not None:
+        if recs:
+            dstar_figure(recs, img / "dstar_pool.png")
+        if rows:
+            figure(rows, img / "threshold.png")
+
+
+GEOMETRIC = 0.9  # held-out R^2 and zero-shot accuracy of the geometric mechanism (results_probes.md, section 4)
+
+
+def _reading(rows: list[dict]) -> str:
+    """Per regime and factor: how many (world, seed) models show the geometric mechanism (held-out R^2 and
+    zero-shot accuracy both >= GEOMETRIC), with the medians."""
+    out = [f"Models showing the geometric mechanism (held-out R^2 >= {GEOMETRIC} and zero-shot accuracy >= "
+           f"{GEOMETRIC}), over every world and seed:", ""]
+    for regime in REGIMES:
+        parts = []
+        for f in sorted({r["factor"] for r in rows if r["regime"] == regime}):
+            g = [r for r in rows if r["regime"] == regime and r["factor"] == f]
+            k = sum(r["r2_heldout"] >= GEOMETRIC and r["zero_shot_accuracy"] >= GEOMETRIC for r in g)
+            parts.append(f"{f:g} d*: {k} of {len(g)} (R^2 {statistics.median(r['r2_heldout'] for r in g):.2f}, "
+                         f"zero-shot {statistics.median(r['zero_shot_accuracy'] for r in g):.2f})")
+        if parts:
+            out.append(f"- {regime}: " + "; ".join(parts) + ".")
+    return "\n".join(out)
 
 
 def main(argv=None) -> None:
@@ -165,7 +329,20 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=2000, help="default regime's budget (the capacity search's)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--table", action="store_true", help="print the table of every finished run and draw the figure")
+    ap.add_argument("--export", default=None, metavar="DIR",
+                    help="copy the pool capacity runs (--capacity-runs) and the threshold runs (--out) to DIR")
+    ap.add_argument("--capacity-runs", default="runs/facts", help="where facts_study wrote its pool_N* parts")
+    ap.add_argument("--doc", default=None, metavar="MD",
+                    help="write the page from --out (a folder made by --export) to MD, figures into --img")
+    ap.add_argument("--img", default="docs/img")
     a = ap.parse_args(argv)
+    if a.export:
+        print(f"{export(Path(a.capacity_runs), Path(a.out), Path(a.export))} files copied to {a.export}")
+        return
+    if a.doc:
+        write_doc(Path(a.out), Path(a.doc), Path(a.img))
+        print(f"{a.doc} written from {a.out}")
+        return
     if a.table:
         rows = collect(Path(a.out))
         print(table(rows))

@@ -106,6 +106,33 @@ def test_capacity_thresholds_and_unreached_settings(tmp_path):
     assert res2["thresholds"][0]["threshold"] is None and "never reached" in res2["thresholds"][0]["note"]
 
 
+
+def test_a_threshold_at_the_grid_minimum_is_marked_censored(tmp_path):
+    cfg = ex.FactsCapacityConfig(subjects=[32], relations=[1], grid=[16, 32], mlp_width=16,
+                                 train=TrainConfig(steps=400, eval_every=25, patience=200))
+    t = ex.run_facts_capacity(cfg, tmp_path / "cap", device=CPU)["thresholds"][0]
+    assert t["threshold"] == 16 and t["at_grid_min"] and "<= it" in t["note"]
+    row = ex.summarise_thresholds([t])["table"][0]
+    assert row["at_grid_min"] and row["median_threshold"] == 16
+
+
+def test_threshold_fit_slopes_carry_a_bootstrap_interval_over_seeds():
+    import math
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ts = [{"subjects": N, "relations": R, "embeddings": "trainable", "seed": s, "attributes": N,
+           "r_log_n": R * math.log(N), "n_facts": N * R, "r_log_a": R * math.log(N),
+           "threshold": round(0.5 * R * math.log(N) + rng.normal(0, 0.5))}
+          for N in (64, 256, 1024) for R in (2, 4, 8) for s in range(4)]
+    fit = ex.summarise_thresholds(ts)["fits"]["trainable"]["r_log_n"]
+    lo, hi = fit["slope_ci"]
+    assert fit["n_seeds"] == 4 and lo < fit["slope"] < hi
+    assert 0.4 < lo and hi < 0.6  # the planted slope 0.5, resolved by 4 seeds
+    one_seed = ex.summarise_thresholds([t for t in ts if t["seed"] == 0])["fits"]["trainable"]["r_log_n"]
+    assert one_seed["slope_ci"] == [None, None] and one_seed["n_seeds"] == 1
+
 BAD = [
     (["facts", "train", "--relations", "0"], "--relations 0"),
     (["facts", "train", "--subjects", "1"], "--subjects 1"),

@@ -36,3 +36,30 @@ def test_threshold_study_trains_at_multiples_of_d_star_resumes_and_tabulates(tmp
     with pytest.raises(SystemExit):
         T.main(["--out", str(tmp_path / "t")])  # neither --capacity nor --d-star
     assert "give one of --capacity" in capsys.readouterr().err
+    # the page: thresholds and threshold runs exported, then the page written from the export alone
+    caps = tmp_path / "caps" / "pool_N32"
+    caps.mkdir(parents=True)
+    recs = [{"subjects": 32, "relations": r, "attributes": 4, "embeddings": "trainable", "seed": s, "threshold": t,
+             "r_log_n": r * 3.4657, "r_log_a": r * 1.3863, "n_facts": 32 * r, **({"at_grid_min": True} if t == 2 else {})}
+            for r, ts in ((2, (2, 3, 4)), (4, (6, 7, 8))) for s, t in enumerate(ts)]
+    (caps / "result.json").write_text(json.dumps({"thresholds": recs}))
+    (caps / "config.json").write_text(json.dumps({"config": {"out": str(caps), "grid": [2, 3]}}))
+    assert T.export(tmp_path / "caps", tmp_path / "t", tmp_path / "x") == 2 + 4
+    assert str(tmp_path) not in (tmp_path / "x" / "capacity" / "pool_N32" / "config.json").read_text()
+    T.write_doc(tmp_path / "x", tmp_path / "page.md", tmp_path / "img")
+    page = (tmp_path / "page.md").read_text()
+    assert "| 32 | 2 | 4 | 6.9 | 2.8 | 2, 3, 4 | <= 3 | 1.08 |" in page  # a seed at the grid minimum: a bound
+    assert "| 32 | 4 | 4 | 13.9 | 5.5 | 6, 7, 8 | 7 | 1.26 |" in page
+    assert "| d* = a R ln A + b | 1.44 [" in page and "With one N (32)" in page
+    assert "| 32 | 2 | 4 | default | 10 (2.5) | 1 |" in page and "- geometric: 1 d*: " in page
+    assert (tmp_path / "img" / "dstar_pool.png").stat().st_size > 0 and (tmp_path / "img" / "threshold.png").is_file()
+
+
+def test_the_pool_page_is_what_its_command_writes_from_the_shipped_runs(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "docs/runs/pool").is_dir():
+        pytest.skip("docs/runs/pool is not in this checkout")
+    T.write_doc(root / "docs/runs/pool", tmp_path / "page.md")
+    assert (tmp_path / "page.md").read_text() == (root / "docs/results_pool.md").read_text()

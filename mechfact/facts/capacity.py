@@ -127,27 +127,34 @@ def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfi
            "r_log_a": R * math.log(A or N)}
     if thr is None:
         rec["note"] = f"never reached {cfg.target_accuracy} within the grid (max {grid[-1]})"
+    elif hi == 0 and len(grid) > 1:  # censored: the true threshold may be lower
+        rec["at_grid_min"] = True
+        rec["note"] = f"reached {cfg.target_accuracy} at the grid's smallest value {grid[0]}: the threshold is <= it"
     return rec
 
 
 def summarise_thresholds(thresholds: list[dict]) -> dict:
     """Median threshold per (embeddings, A, N, R) and, per regime, a least-squares line against R ln N, N R, and
-    (attribute pools) R ln A and R."""
+    (attribute pools) R ln A and R, each slope with a 95% bootstrap interval over seeds (all of a seed's
+    thresholds resampled together) when there are at least two. A setting whose threshold sits at the grid's
+    smallest value in any seed is marked ``at_grid_min`` (its median is an upper bound)."""
     groups: dict[tuple, list] = {}
     for t in thresholds:
         key = (t["embeddings"], t.get("attributes", t["subjects"]), t["subjects"], t["relations"])
-        groups.setdefault(key, []).append(t["threshold"])
+        groups.setdefault(key, []).append(t)
     table = []
-    for (emb, A, N, R), vals in sorted(groups.items()):
+    for (emb, A, N, R), ts in sorted(groups.items()):
+        vals = [t["threshold"] for t in ts]
         got = [v for v in vals if v is not None]
         table.append({"embeddings": emb, "subjects": N, "relations": R, "n_facts": N * R, "r_log_n": R * math.log(N),
                       "attributes": A, "r_log_a": R * math.log(A),
                       "median_threshold": float(np.median(got)) if len(got) == len(vals) else None,
-                      "thresholds": vals})
+                      "thresholds": vals, "at_grid_min": any(t.get("at_grid_min", False) for t in ts)})
     pools = any(t["attributes"] != t["subjects"] for t in table)
     fits = {}
     for emb in sorted({t["embeddings"] for t in table}):
         rows = [t for t in table if t["embeddings"] == emb and t["median_threshold"] is not None]
+        mine = [t for t in thresholds if t["embeddings"] == emb]
         fit = {}
         for xname in ("r_log_n", "n_facts") + (("r_log_a", "relations") if pools else ()):
             x = np.array([t[xname] for t in rows], dtype=float)
@@ -156,11 +163,33 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
                 slope, intercept = np.polyfit(x, y, 1)
                 pred = slope * x + intercept
                 ss = float(np.sum((y - y.mean()) ** 2))
+                ci = _slope_interval(mine, xname)
                 fit[xname] = {"slope": float(slope), "intercept": float(intercept),
                               "r2": float(1 - np.sum((y - pred) ** 2) / ss) if ss > 0 else None,
-                              "slope_through_origin": float(x @ y / (x @ x)), "n_points": int(len(x))}
+                              "slope_through_origin": float(x @ y / (x @ x)), "n_points": int(len(x)),
+                              "slope_ci": ci.to_dict()["ci"], "n_seeds": ci.n}
         fits[emb] = fit
     return {"table": table, "fits": fits}
+
+
+def _slope_interval(thresholds: list[dict], xname: str):
+    """Bootstrap over seeds of the least-squares slope of the per-setting median thresholds against ``xname``."""
+    from ..stats import bootstrap
+
+    rows = [t for t in thresholds if t["threshold"] is not None]
+
+    def slope(idx: np.ndarray) -> float:
+        med: dict[tuple, list] = {}
+        for i in idx.astype(int):
+            t = rows[i]
+            med.setdefault((t.get("attributes", t["subjects"]), t["subjects"], t["relations"]), []).append(
+                (t[xname], t["threshold"]))
+        pts = np.array([(v[0][0], np.median([b for _, b in v])) for v in med.values()], dtype=float)
+        if len(pts) < 2 or len(np.unique(pts[:, 0])) < 2:
+            return float("nan")
+        return float(np.polyfit(pts[:, 0], pts[:, 1], 1)[0])
+
+    return bootstrap(np.arange(len(rows)), slope, clusters=[t["seed"] for t in rows], n_boot=500)
 
 
 def _search_job(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
