@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 REGIMES = ("default", "geometric")
+NEW_WORLD_SEED = 1000  # + the model's seed: the freeze-and-swap world (never a trained world's seed)
 FACTORS = (1.0, 1.5, 3.0)
 
 
@@ -77,11 +78,14 @@ def run_one(out: Path, regime: str, n: int, r: int, a: int, d: int, mlp_width: i
     t0 = time.time()
     fit = mechfact.train(model, world, tcfg, device=device)
     model.eval()
-    probes = mechfact.probe_all(model, world, seed=seed)
+    from mechfact.targets import SwapConfig
+
+    # the new facts of freeze-and-swap: a world seed no model of the study trains on
+    probes = mechfact.probe_all(model, world, seed=seed, swap=SwapConfig(new_seed=NEW_WORLD_SEED + seed))
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "probes.json", {"probes": probes.to_dict(), "history": fit.history})
     summ = {"regime": regime, "subjects": n, "relations": r, "attributes": a, "d": d, "mlp_width": mlp_width,
-            "seed": seed, "train_accuracy": fit.accuracy, "steps": fit.steps, "stopped": fit.stopped,
+            "seed": seed, "swap_new_seed": NEW_WORLD_SEED + seed, "train_accuracy": fit.accuracy, "steps": fit.steps, "stopped": fit.stopped,
             "train_config": dataclasses.asdict(tcfg), **probes.records[0], "chance": 1.0 / a,
             "wall_time_s": round(time.time() - t0, 1), **(extra or {})}
     write_json_atomic(path, summ)  # last: marks the run finished
@@ -117,7 +121,8 @@ def table(rows: list[dict]) -> str:
     keys = ("train_accuracy", "r2_heldout", "control_r2_heldout", "readout_embed_min", "zero_shot_accuracy",
             "zero_shot_control_accuracy")
     lines = ["| N | R | A | regime | d (x d*) | seeds | train acc | R^2 held-out | control R^2 | readout embed (min) | "
-             "zero-shot | zero-shot control | ablation on / off relation (mean) |",
+             "zero-shot | zero-shot control | accuracy after ablating a relation's most selective units: that relation / "
+             "the others / random units, that relation (mean over relations) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(vals):
@@ -129,8 +134,9 @@ def table(rows: list[dict]) -> str:
     for (n, r, a, regime, f), g in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         on = cell([statistics.mean(x["ablation_on_relation"]) for x in g])
         off = cell([statistics.mean(x["ablation_on_others"]) for x in g])
+        rnd = cell([statistics.mean(x["ablation_random_on_relation"]) for x in g])
         lines.append(f"| {n} | {r} | {a} | {regime} | {g[0]['d']} ({f:g}) | {len(g)} | "
-                     + " | ".join(cell([x[k] for x in g]) for k in keys) + f" | {on} / {off} |")
+                     + " | ".join(cell([x[k] for x in g]) for k in keys) + f" | {on} / {off} / {rnd} |")
     return "\n".join(lines)
 
 
@@ -275,14 +281,16 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         "section 1), then every probe: held-out superposition R^2 (subject embeddings as sums of attribute "
         "vectors, fitted on training subjects) and its shuffled control, the readout of each relation's "
         "attribute from the subject embedding (worst relation), zero-shot freeze-and-swap (new facts written "
-        "into embeddings built from the fitted maps) and its control, and the accuracy change when the units "
-        "most selective for one relation are ablated (on that relation / on the others). `default`: the "
+        "into embeddings built from the fitted maps) and its control, and the accuracy left when the MLP "
+        "units most selective for one relation are ablated (on that relation, on the others, and on that "
+        "relation when as many random units are ablated). `default`: the "
         "capacity search's own training (cross-entropy); `geometric`: squared error + L2 1e-3 + zero-init "
         "subject embeddings, 3000 steps. Medians over seeds [range].", "",
         table(rows) if rows else "(no threshold runs)", "",
     ]
     if rows:
         text += [_reading(rows), "", "![the mechanism against d / d*](img/threshold.png)", ""]
+    text += ["## Not run here", "", _estimate(src, parts), ""]
     from mechfact.runs import atomic_path
 
     with atomic_path(doc) as tmp:
@@ -292,6 +300,29 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
             dstar_figure(recs, img / "dstar_pool.png")
         if rows:
             figure(rows, img / "threshold.png")
+
+
+def _estimate(src: Path, parts: list[str]) -> str:
+    """The pool parts not in ``src``, with a cost estimate scaled from a finished part's wall time by the number
+    of facts per step (N R) and of seeds: a rough guide (d* and early stopping also move it)."""
+    from mechfact.runs import read_json
+    from synthetic.facts_study import PARTS
+
+    missing = [p for p in PARTS if p.startswith("pool_") and p not in parts]
+    base = next(((p, read_json(src / "capacity" / p / "meta.json")) for p in parts
+                 if (src / "capacity" / p / "meta.json").is_file()), None)
+    lines = []
+    for p in missing:
+        cmd = f"`python -m synthetic.facts_study --out runs/facts --part {p} --executor ray --ray-address HEAD:6379`"
+        if base is None:
+            lines.append(f"- `{p}`: {cmd} (or `--device cuda`).")
+            continue
+        n0, n1 = int(base[0].split("N")[1]), int(p.split("N")[1])
+        s0, s1 = (int(PARTS[q][PARTS[q].index("--seeds") + 1]) for q in (base[0], p))
+        hours = base[1]["wall_time_s"] * (n1 / n0) * (s1 / s0) / 3600
+        lines.append(f"- `{p}`: about {hours:.0f} CPU hours on one thread ({base[0]} took "
+                     f"{base[1]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds): {cmd}, or `--device cuda`.")
+    return "\n".join(lines) if lines else "Every pool part has run."
 
 
 GEOMETRIC = 0.9  # held-out R^2 and zero-shot accuracy of the geometric mechanism (results_probes.md, section 4)
@@ -307,7 +338,9 @@ def _reading(rows: list[dict]) -> str:
         for f in sorted({r["factor"] for r in rows if r["regime"] == regime}):
             g = [r for r in rows if r["regime"] == regime and r["factor"] == f]
             k = sum(r["r2_heldout"] >= GEOMETRIC and r["zero_shot_accuracy"] >= GEOMETRIC for r in g)
-            parts.append(f"{f:g} d*: {k} of {len(g)} (R^2 {statistics.median(r['r2_heldout'] for r in g):.2f}, "
+            parts.append(f"{f:g} d*: {k} of {len(g)} (train accuracy "
+                         f"{statistics.median(r['train_accuracy'] for r in g):.2f}, "
+                         f"R^2 {statistics.median(r['r2_heldout'] for r in g):.2f}, "
                          f"zero-shot {statistics.median(r['zero_shot_accuracy'] for r in g):.2f})")
         if parts:
             out.append(f"- {regime}: " + "; ".join(parts) + ".")

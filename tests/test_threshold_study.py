@@ -23,6 +23,7 @@ def test_threshold_study_trains_at_multiples_of_d_star_resumes_and_tabulates(tmp
     assert sorted((r["regime"], r["d"]) for r in rows) == [("default", 4), ("default", 10), ("geometric", 4),
                                                           ("geometric", 10)]
     for r in rows:
+        assert r["swap_new_seed"] not in (0, 1)  # never the world of a trained seed
         assert r["d_star"] == 4 and r["chance"] == 0.25 and 0 <= r["train_accuracy"] <= 1
         assert -1 <= r["control_r2_heldout"] <= 1 and r["zero_shot_control_accuracy"] <= 1
     default = {r["d"]: r for r in rows if r["regime"] == "default"}
