@@ -33,6 +33,9 @@ def test_threshold_study_trains_at_multiples_of_d_star_resumes_and_tabulates(tmp
     T.main(argv)  # finished runs are read back, not retrained
     assert (tmp_path / "t" / "N32_R2_A4" / "default_x1_seed0" / "summary.json").read_text() == first
     text = T.table(rows)
+    # a relation without selective units has no ablation (null in the summary): left out of the means, not fatal
+    holed = [{**r, "ablation_on_others": [None, *r["ablation_on_others"][1:]]} for r in rows]
+    assert T.table(holed).count("\n") == 1 + 4
     assert text.count("\n") == 1 + 4 and "| 32 | 2 | 4 | default | 10 (2.5) | 1 |" in text
     with pytest.raises(SystemExit):
         T.main(["--out", str(tmp_path / "t")])  # neither --capacity nor --d-star
