@@ -67,3 +67,18 @@ def test_the_pool_page_is_what_its_command_writes_from_the_shipped_runs(tmp_path
         pytest.skip("docs/runs/pool is not in this checkout")
     T.write_doc(root / "docs/runs/pool", tmp_path / "page.md")
     assert (tmp_path / "page.md").read_text() == (root / "docs/results_pool.md").read_text()
+
+
+def test_at_the_threshold_the_default_regime_memorises_without_the_geometry_and_the_geometric_does_not_memorise(
+        tmp_path, one_thread):
+    """The trend the pool page reports, at small scale (N = 64, R = 2, A = 8, d = 3, where the default regime just
+    stores every fact): the default regime memorises but transfers little zero-shot; the geometric regime (MSE,
+    L2, zero-init embeddings) at the same width stores few facts, while its embeddings already pass the
+    superposition test."""
+    default = T.run_one(tmp_path / "d", "default", 64, 2, 8, 3, 32, 0, 2000)
+    geo = T.run_one(tmp_path / "g", "geometric", 64, 2, 8, 3, 32, 0, 2000)
+    assert default["train_accuracy"] >= 0.99
+    assert default["zero_shot_control_accuracy"] < default["zero_shot_accuracy"] < 0.5
+    assert default["r2_heldout"] < 0.6
+    assert geo["train_accuracy"] < 0.6
+    assert geo["r2_heldout"] > 0.9
