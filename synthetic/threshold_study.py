@@ -274,7 +274,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         dstar_table(recs) if recs else "(no capacity runs)", "",
         "Intervals: 95% bootstrap over seeds (each seed's world and initialisation resampled whole). `<=`: the "
         "threshold sat at the grid's smallest value in some seed. "
-        + (f"With one N ({ns[0]}), R ln N is proportional to R, so those two fits coincide; the N = 1024 and "
+        + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the N = 1024 and "
            "4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
         "![d* in pool worlds](img/dstar_pool.png)", "",
         "## 2. The mechanism at the threshold", "",
