@@ -325,7 +325,7 @@ def _estimate(src: Path, parts: list[str]) -> str:
         n0, n1 = int(base[0].split("N")[1]), int(p.split("N")[1])
         s0, s1 = (int(PARTS[q][PARTS[q].index("--seeds") + 1]) for q in (base[0], p))
         hours = base[1]["wall_time_s"] * (n1 / n0) * (s1 / s0) / 3600
-        lines.append(f"- `{p}`: about {hours:.0f} CPU hours on one thread ({base[0]} took "
+        lines.append(f"- `{p}`: at least {hours:.0f} CPU hours on one thread ({base[0]} took "
                      f"{base[1]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds; a lower bound, since a small world's "
                      f"steps are dominated by fixed costs a large one amortises): {cmd}, or `--device cuda`.")
     return "\n".join(lines) if lines else "Every pool part has run."
