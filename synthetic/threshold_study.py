@@ -67,6 +67,7 @@ def run_one(out: Path, regime: str, n: int, r: int, a: int, d: int, mlp_width: i
     import mechfact
     from mechfact.facts.model import FactModel, FactModelConfig
     from mechfact.runs import read_json, write_json_atomic
+    from mechfact.targets import SwapConfig
 
     path = out / "summary.json"
     if path.is_file():
@@ -78,14 +79,13 @@ def run_one(out: Path, regime: str, n: int, r: int, a: int, d: int, mlp_width: i
     t0 = time.time()
     fit = mechfact.train(model, world, tcfg, device=device)
     model.eval()
-    from mechfact.targets import SwapConfig
-
     # the new facts of freeze-and-swap: a world seed no model of the study trains on
     probes = mechfact.probe_all(model, world, seed=seed, swap=SwapConfig(new_seed=NEW_WORLD_SEED + seed))
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "probes.json", {"probes": probes.to_dict(), "history": fit.history})
     summ = {"regime": regime, "subjects": n, "relations": r, "attributes": a, "d": d, "mlp_width": mlp_width,
-            "seed": seed, "swap_new_seed": NEW_WORLD_SEED + seed, "train_accuracy": fit.accuracy, "steps": fit.steps, "stopped": fit.stopped,
+            "seed": seed, "swap_new_seed": NEW_WORLD_SEED + seed, "train_accuracy": fit.accuracy, "steps": fit.steps,
+            "stopped": fit.stopped,
             "train_config": dataclasses.asdict(tcfg), **probes.records[0], "chance": 1.0 / a,
             "wall_time_s": round(time.time() - t0, 1), **(extra or {})}
     write_json_atomic(path, summ)  # last: marks the run finished
@@ -121,8 +121,8 @@ def table(rows: list[dict]) -> str:
     keys = ("train_accuracy", "r2_heldout", "control_r2_heldout", "readout_embed_min", "zero_shot_accuracy",
             "zero_shot_control_accuracy")
     lines = ["| N | R | A | regime | d (x d*) | seeds | train acc | R^2 held-out | control R^2 | readout embed (min) | "
-             "zero-shot | zero-shot control | accuracy after ablating a relation's most selective units: that relation / "
-             "the others / random units, that relation (mean over relations) |",
+             "zero-shot | zero-shot control | accuracy after ablating a relation's most selective units: "
+             "that relation / the others / random units, that relation (mean over relations) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(vals):
@@ -131,10 +131,12 @@ def table(rows: list[dict]) -> str:
             return "—"
         med = statistics.median(vals)
         return f"{med:.2f}" if len(vals) == 1 else f"{med:.2f} [{min(vals):.2f}, {max(vals):.2f}]"
-    for (n, r, a, regime, f), g in sorted(groups.items(), key=lambda kv: (kv[0][:3], REGIMES.index(kv[0][3]) if kv[0][3] in REGIMES else 9, kv[0][4] or 0)):
+    for (n, r, a, regime, f), g in sorted(groups.items(),
+                                          key=lambda kv: (kv[0][:3], REGIMES.index(kv[0][3]), kv[0][4] or 0)):
         # a relation with no selective unit has no ablation (null): the means are over the relations that have one
         with_units = [[i for i, v in enumerate(x["ablation_on_others"]) if v is not None] for x in g]
-        on, off, rnd = (cell([statistics.mean(x[k][i] for i in idx) if idx else None for x, idx in zip(g, with_units)])
+        on, off, rnd = (cell([statistics.mean(x[k][i] for i in idx) if idx else None
+                              for x, idx in zip(g, with_units)])
                         for k in ("ablation_on_relation", "ablation_on_others", "ablation_random_on_relation"))
         lines.append(f"| {n} | {r} | {a} | {regime} | {g[0]['d']} ({f:g}) | {len(g)} | "
                      + " | ".join(cell([x[k] for x in g]) for k in keys) + f" | {on} / {off} / {rnd} |")
@@ -204,11 +206,10 @@ def pool_thresholds(src: Path) -> tuple[list[dict], list[str]]:
     return recs, parts
 
 
-def dstar_table(recs: list[dict]) -> str:
-    from mechfact.facts.experiments import summarise_thresholds
-
-    summ = summarise_thresholds(recs)
-    lines = ["| N | R | A | R ln N | R ln A | d* per seed | median d* | d* / (R ln A) |", "|---|---|---|---|---|---|---|---|"]
+def dstar_table(summ: dict) -> str:
+    """The thresholds and fits of :func:`~mechfact.facts.experiments.summarise_thresholds`'s ``summ``."""
+    lines = ["| N | R | A | R ln N | R ln A | d* per seed | median d* | d* / (R ln A) |",
+             "|---|---|---|---|---|---|---|---|"]
     for t in sorted(summ["table"], key=lambda t: (t["subjects"], t["attributes"], t["relations"])):
         med = t["median_threshold"]
         vals = ", ".join("—" if v is None else str(v) for v in t["thresholds"])
@@ -230,12 +231,11 @@ def dstar_table(recs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def dstar_figure(recs: list[dict], path: Path) -> None:
+def dstar_figure(summ: dict, path: Path) -> None:
     """Median d* against R ln A and against R ln N, one line per (N, A); hollow markers: at the grid minimum."""
-    from mechfact.facts.experiments import summarise_thresholds
     from mechfact.plotting import save, subplots
 
-    table = [t for t in summarise_thresholds(recs)["table"] if t["median_threshold"] is not None]
+    table = [t for t in summ["table"] if t["median_threshold"] is not None]
     fig, axes = subplots(1, 2, figsize=(10.4, 4.0))
     series = sorted({(t["subjects"], t["attributes"]) for t in table})
     for i, (n, a) in enumerate(series):
@@ -254,7 +254,10 @@ def dstar_figure(recs: list[dict], path: Path) -> None:
 
 def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
     """The page from ``src/capacity`` and ``src/threshold`` alone (figures into ``img`` when given)."""
+    from mechfact.facts.experiments import summarise_thresholds
+
     recs, parts = pool_thresholds(src)
+    summ = summarise_thresholds(recs) if recs else None
     rows = collect(src / "threshold")
     ns = sorted({t["subjects"] for t in recs})
     text = [
@@ -271,11 +274,11 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         "d* is the smallest grid value that reaches (bisection; MLP width 64, Adam 3e-2 with warm-up and cosine "
         "decay, 2000 steps, stopped at 99%).", "",
         "## 1. The width threshold d*", "",
-        dstar_table(recs) if recs else "(no capacity runs)", "",
+        dstar_table(summ) if summ else "(no capacity runs)", "",
         "Intervals: 95% bootstrap over seeds (each seed's world and initialisation resampled whole). `<=`: the "
         "threshold sat at the grid's smallest value in some seed. "
-        + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the N = 1024 and "
-           "4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
+        + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the "
+           "N = 1024 and 4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
         "![d* in pool worlds](img/dstar_pool.png)", "",
         "## 2. The mechanism at the threshold", "",
         "For each world and regime, a model trained at d = ceil(f d*) for f = 1, 1.5, 3 (d*: the median of "
@@ -284,9 +287,10 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         "attribute from the subject embedding (worst relation), zero-shot freeze-and-swap (new facts written "
         "into embeddings built from the fitted maps) and its control, and the accuracy left when the MLP "
         "units most selective for one relation are ablated (on that relation, on the others, and on that "
-        "relation when as many random units are ablated; means over the relations that have selective units). `default`: the "
-        "capacity search's own training (cross-entropy); `geometric`: squared error + L2 1e-3 + zero-init "
-        "subject embeddings, 3000 steps. Medians over seeds [range]. Read R^2 with the training accuracy beside it: "
+        "relation when as many random units are ablated; means over the relations that have selective units). "
+        "`default`: the capacity search's own training (cross-entropy); `geometric`: squared error + L2 1e-3 + "
+        "zero-init subject embeddings, 3000 steps. Medians over seeds [range]. Read R^2 with the training "
+        "accuracy beside it: "
         "in the geometric regime the subject embeddings start at zero, and the first gradient steps add to a "
         "subject's embedding one term per query that depends only on the query's relation and attribute, so "
         "those embeddings are close to sums of attribute vectors before much is stored; zero-shot transfer is "
@@ -301,15 +305,15 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
     with atomic_path(doc) as tmp:
         tmp.write_text("\n".join(text))
     if img is not None:
-        if recs:
-            dstar_figure(recs, img / "dstar_pool.png")
+        if summ:
+            dstar_figure(summ, img / "dstar_pool.png")
         if rows:
             figure(rows, img / "threshold.png")
 
 
 def _estimate(src: Path, parts: list[str]) -> str:
-    """The pool parts not in ``src``, with a cost estimate scaled from a finished part's wall time by the number
-    of facts per step (N R) and of seeds: a rough guide (d* and early stopping also move it)."""
+    """The pool parts not in ``src``, with a cost estimate scaled from a finished part's wall time by N (the parts
+    share their R and A grids) and the seeds: a lower bound (d*, fixed costs and early stopping also move it)."""
     from mechfact.runs import read_json
     from synthetic.facts_study import PARTS
 
@@ -318,7 +322,8 @@ def _estimate(src: Path, parts: list[str]) -> str:
                  if (src / "capacity" / p / "meta.json").is_file()), None)
     lines = []
     for p in missing:
-        cmd = f"`python -m synthetic.facts_study --out runs/facts --part {p} --executor ray --ray-address HEAD:6379`"
+        cmd = (f"`python -m synthetic.facts_study --out runs/facts --part {p} --executor ray "
+               "--ray-address HEAD:6379`")
         if base is None:
             lines.append(f"- `{p}`: {cmd} (or `--device cuda`).")
             continue
@@ -326,8 +331,9 @@ def _estimate(src: Path, parts: list[str]) -> str:
         s0, s1 = (int(PARTS[q][PARTS[q].index("--seeds") + 1]) for q in (base[0], p))
         hours = base[1]["wall_time_s"] * (n1 / n0) * (s1 / s0) / 3600
         lines.append(f"- `{p}`: at least {hours:.0f} CPU hours on one thread ({base[0]} took "
-                     f"{base[1]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds; a lower bound, since a small world's "
-                     f"steps are dominated by fixed costs a large one amortises): {cmd}, or `--device cuda`.")
+                     f"{base[1]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds; a lower bound, since a "
+                     f"small world's steps are dominated by fixed costs a large one amortises): {cmd}, or "
+                     "`--device cuda`.")
     return "\n".join(lines) if lines else "Every pool part has run."
 
 

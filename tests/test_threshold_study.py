@@ -44,7 +44,8 @@ def test_threshold_study_trains_at_multiples_of_d_star_resumes_and_tabulates(tmp
     caps = tmp_path / "caps" / "pool_N32"
     caps.mkdir(parents=True)
     recs = [{"subjects": 32, "relations": r, "attributes": 4, "embeddings": "trainable", "seed": s, "threshold": t,
-             "r_log_n": r * 3.4657, "r_log_a": r * 1.3863, "n_facts": 32 * r, **({"at_grid_min": True} if t == 2 else {})}
+             "r_log_n": r * 3.4657, "r_log_a": r * 1.3863, "n_facts": 32 * r,
+             **({"at_grid_min": True} if t == 2 else {})}
             for r, ts in ((2, (2, 3, 4)), (4, (6, 7, 8))) for s, t in enumerate(ts)]
     (caps / "result.json").write_text(json.dumps({"thresholds": recs}))
     (caps / "config.json").write_text(json.dumps({"config": {"out": str(caps), "grid": [2, 3]}}))
