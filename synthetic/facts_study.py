@@ -64,6 +64,11 @@ PARTS: dict[str, list[str]] = {
                       "2" if N == 4096 else "3"] for N in (256, 1024, 4096)},
     # multi-hop, direct vs chain of thought (defaults: N=32, R=4, d=16, width 32, learned attention)
     **{f"multihop_seed{s}": ["multihop", "--seed", str(s)] for s in range(3)},
+    # multi-hop as d grows, k = 1..4, R = 4: N = 64 here (N R^4 = 16,384 direct chains), N = 1024 (262,144) for a
+    # cluster or a GPU (MULTIHOP_TABLE prints both beside the construction's d)
+    **{f"multihop_N{N}_d{d}": ["multihop", "--subjects", str(N), "--relations", "4", "--hops", "1", "2", "3", "4",
+                               "--d", str(d), "--mlp-width", "64"]
+       for N, ds in ((64, (8, 16, 32, 64)), (1024, (16, 32, 64, 128))) for d in ds},
 }
 
 
@@ -98,6 +103,47 @@ def summarize(out: Path) -> None:
             res = json.loads(f.read_text())
             print(name, {f"k={p['hops']} {p['mode']}": round(p["accuracy"], 4) for p in res["points"]})
     _figure(out, rows)
+
+
+def construction_d(n: int, r: int, k: int) -> int:
+    """The explicit construction's width for k-hop answers of an (N, R) bijection world: a direct lookup stores
+    one composite relation per relation sequence (R^k of them: d = R^k (b + 1) at the smallest block size b that
+    reaches 99%); chain of thought answers one single-hop fact per step (the R-relation construction). The scan
+    for R^k relations starts at the single-hop block size (with more relations to get right the block size does
+    not fall: 15 at N = 64 for R = 4, 16 and 64 relations), which keeps k = 4 to one or two evaluations."""
+    from mechfact.facts import min_block_size
+
+    b1, _ = min_block_size(n, r)
+    b, _ = min_block_size(n, r**k, start=b1) if k > 1 else (b1, None)
+    return r**k * (b + 1)
+
+
+def multihop_table(out: Path) -> str:
+    """Exact-chain accuracy of the multihop_N* parts: one row per (N, d), direct / CoT per k, and the
+    construction's d for a direct lookup at each k (CoT's: the k = 1 value)."""
+    rows, cons = [], {}
+    for name in PARTS:
+        f = out / name / "result.json"
+        if not (name.startswith("multihop_N") and f.is_file()):
+            continue
+        argv = PARTS[name]
+        n, r, d = (int(argv[argv.index(flag) + 1]) for flag in ("--subjects", "--relations", "--d"))
+        pts = {(p["hops"], p["mode"]): p["accuracy"] for p in json.loads(f.read_text())["points"]}
+        rows.append((n, r, d, pts))
+    if not rows:
+        return "(no multihop_N* parts)"
+    ks = sorted({k for *_, pts in rows for k, _ in pts})
+    head = ["N", "R", "d"] + [f"k = {k} {m}" for k in ks for m in (("direct",) if k == 1 else ("direct", "CoT"))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n, r, d, pts in sorted(rows):
+        cells = [f"{pts[(k, m)]:.3f}" if (k, m) in pts else "—" for k in ks
+                 for m in (("direct",) if k == 1 else ("direct", "cot"))]
+        lines.append(f"| {n} | {r} | {d} | " + " | ".join(cells) + " |")
+    for n, r in sorted({(n, r) for n, r, *_ in rows}):
+        cons = ", ".join(f"k = {k}: {construction_d(n, r, k)}" for k in ks if n * r**k <= 20_000)
+        lines.append(f"\nConstruction's d for a direct lookup at N = {n}, R = {r} ({cons}); chain of thought "
+                     "needs the k = 1 value at every k.")
+    return "\n".join(lines)
 
 
 def _figure(out: Path, rows) -> None:
@@ -135,11 +181,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/facts"))
     ap.add_argument("--part", nargs="+", choices=sorted(PARTS), default=None, help="default: all parts")
     ap.add_argument("--summarize", action="store_true")
+    ap.add_argument("--multihop-table", action="store_true", help="print the multihop_N* parts' table")
     ap.add_argument("--executor", default="local", choices=("local", "ray"))
     ap.add_argument("--workers", default=None, help="Ray: jobs at once (default: every core)")
     ap.add_argument("--ray-address", default=None, help="Ray: join a running cluster ('auto' or HOST:PORT)")
     a = ap.parse_args()
-    if a.summarize:
+    if a.multihop_table:
+        print(multihop_table(a.out))
+    elif a.summarize:
         summarize(a.out)
     else:
         flags = ["--executor", a.executor] + (["--workers", a.workers] if a.workers else []) + \

@@ -208,7 +208,7 @@ def test_attribute_outputs_are_the_first_columns_of_the_entity_model(tied):
     from mechfact.facts.world import FactWorld
 
     world = FactWorld(256, 4, seed=0, attributes=16)
-    full = build_fact_model(world, d=16, mlp_width=32, tied=tied, seed=2)
+    full = build_fact_model(world, d=16, mlp_width=32, tied=tied, seed=2, outputs="entities")
     pool = build_fact_model(world, d=16, mlp_width=32, tied=tied, seed=2, outputs="attributes")
     assert pool.cfg.outputs == 16 and tuple(pool.W_U.shape) == (16, 16) and full.cfg.outputs == 256
     q = world.single_hop()
@@ -235,5 +235,42 @@ def test_attribute_outputs_train_and_refuse_a_larger_pool():
         evaluate(model, FactWorld(128, 2, seed=0))
     with pytest.raises(ValueError, match=r"n_outputs=1: allowed 0 \(all 128 entities\) or 2\.\.128"):
         FactModelConfig(128, 2, n_outputs=1)
-    with pytest.raises(ValueError, match=r"outputs='pool': allowed values are entities, attributes"):
+    with pytest.raises(ValueError, match=r"outputs='pool': allowed values are auto, entities, attributes"):
         build_fact_model(world, outputs="pool")
+
+
+def test_auto_outputs_score_the_pool_for_single_hop_pool_worlds_only():
+    """The default (auto): the attribute pool for single-hop queries of a pool world; the N entities for
+    bijection worlds and for multi-hop queries (whose intermediate answers become subjects)."""
+    from mechfact.facts.experiments import ModelSpec
+    from mechfact.facts.model import build_fact_model, scores_attributes
+    from mechfact.facts.spec import training_cost
+    from mechfact.facts.world import FactWorld
+
+    pool, bij = FactWorld(256, 4, seed=0, attributes=16), FactWorld(64, 2, seed=0)
+    assert build_fact_model(pool, d=8, mlp_width=8).cfg.outputs == 16
+    assert build_fact_model(pool, d=8, mlp_width=8, hops=2, attention="learned").cfg.outputs == 256
+    assert build_fact_model(pool, d=8, mlp_width=8, outputs="entities").cfg.outputs == 256
+    assert build_fact_model(bij, d=8, mlp_width=8).cfg.outputs == 64
+    assert [scores_attributes(o, 256, 16, h) for o in ("auto", "entities", "attributes") for h in (1, 2)] == \
+        [True, False, False, False, True, True]
+    assert not scores_attributes("auto", 64, None) and not scores_attributes("attributes", 64, 64)
+    # the memory estimate follows the same rule: d (N - A) fewer unembedding weights, each with its gradient and
+    # two Adam moments (float32; the chunked loss never holds the logits)
+    big = training_cost(4096, 16, 64, 64, ModelSpec(outputs="entities"), attributes=64)[0]
+    small = training_cost(4096, 16, 64, 64, ModelSpec(), attributes=64)[0]
+    assert big - small == 4 * 4 * 64 * (4096 - 64)
+
+
+def test_entity_init_scale_scales_the_normal_draw_only():
+    """entity_init_scale multiplies the entity input embeddings' init (same draw); the other tensors are
+    untouched; a scale <= 0 or not finite is refused with the value and what is allowed."""
+    from mechfact.facts.model import FactModel, FactModelConfig
+
+    a, b = FactModel(FactModelConfig(32, 2, d=8)), FactModel(FactModelConfig(32, 2, d=8, entity_init_scale=0.1))
+    assert torch.allclose(b.W_E_ent, 0.1 * a.W_E_ent, rtol=1e-6, atol=0)
+    assert not torch.allclose(b.W_E_ent, a.W_E_ent)
+    assert torch.equal(a.W_E_rel, b.W_E_rel) and torch.equal(a.W_U_ent, b.W_U_ent)
+    for bad in (0, -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match=rf"entity_init_scale={bad!r}: must be a finite number > 0"):
+            FactModelConfig(32, 2, entity_init_scale=bad)

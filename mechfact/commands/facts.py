@@ -25,9 +25,12 @@ def _model_args(p: argparse.ArgumentParser, attention: str = "uniform") -> None:
     p.add_argument("--layer-norm", action="store_true", help="pre-LayerNorm before attention, MLP and unembedding")
     p.add_argument("--entity-init", default="normal", choices=ENTITY_INIT,
                    help="entity input embeddings at init: normal N(0, I/d) rows, or zero (default normal)")
-    p.add_argument("--outputs", default="entities", choices=OUTPUTS,
+    p.add_argument("--entity-init-scale", type=finite_float, default=1.0,
+                   help="multiplies the std of the normal entity init: N(0, s^2 I/d) rows (default 1)")
+    p.add_argument("--outputs", default="auto", choices=OUTPUTS,
                    help="output vocabulary: all entities, or the world's attribute pool (--attributes A: every "
-                        "answer is one of them; N / A times cheaper to score) (default entities)")
+                        "answer is one of them; N / A times cheaper to score); auto: the pool for single-hop "
+                        "queries of a pool world, entities otherwise (default auto)")
 
 
 def _optim_args(p: argparse.ArgumentParser, steps: int, patience: int, lr: float = 1e-2,
@@ -134,7 +137,7 @@ def _spec(a, embeddings: str = "trainable"):
     from ..facts.experiments import ModelSpec
 
     return ModelSpec(attention=a.attention, embeddings=embeddings, tied=a.tied, layer_norm=a.layer_norm,
-                     entity_init=a.entity_init, outputs=a.outputs)
+                     entity_init=a.entity_init, entity_init_scale=a.entity_init_scale, outputs=a.outputs)
 
 
 def _run(a) -> None:

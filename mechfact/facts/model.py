@@ -56,7 +56,7 @@ from ..seeding import generator
 ATTENTION = ("uniform", "learned")
 ENTITY_INIT = ("normal", "zero")
 EMBEDDINGS = ("trainable", "frozen", "frozen-input")
-OUTPUTS = ("entities", "attributes")
+OUTPUTS = ("auto", "entities", "attributes")
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -76,6 +76,7 @@ class FactModelConfig(DictConfig):
     n_ctx: int = 0  # > 0: learned positional embeddings for up to n_ctx positions; 0: none
     layer_norm: bool = False  # pre-LN before attention, MLP and unembedding
     entity_init: str = "normal"  # entity input embeddings: normal (N(0, I/d) rows) | zero (all written by training)
+    entity_init_scale: float = 1.0  # multiplies the normal init's std of the entity input embeddings
     seed: int = 0  # initialisation; each tensor has its own derived stream
     n_outputs: int = 0  # output vocabulary: the first n_outputs entities (an attribute pool); 0 = all N
 
@@ -98,6 +99,10 @@ class FactModelConfig(DictConfig):
             raise ValueError(f"attention={self.attention!r}: allowed values are {', '.join(ATTENTION)}")
         if self.embeddings not in EMBEDDINGS:
             raise ValueError(f"embeddings={self.embeddings!r}: allowed values are {', '.join(EMBEDDINGS)}")
+        if isinstance(self.entity_init_scale, bool) or not isinstance(self.entity_init_scale, (int, float)) or \
+                not math.isfinite(self.entity_init_scale) or self.entity_init_scale <= 0:
+            raise ValueError(f"entity_init_scale={self.entity_init_scale!r}: must be a finite number > 0 (for "
+                             "embeddings that start at zero use entity_init='zero')")
         if self.entity_init not in ENTITY_INIT:
             raise ValueError(f"entity_init={self.entity_init!r}: allowed values are {', '.join(ENTITY_INIT)}")
         if self.entity_init == "zero" and (self.tied or self.embeddings != "trainable"):
@@ -203,7 +208,7 @@ class FactModel(HookedRootModule):
         self.cfg = cfg
         N, R, d, s = cfg.n_entities, cfg.n_relations, cfg.d, cfg.seed
         std = d**-0.5  # N(0, I/d) rows
-        ent = _randn(s, "W_E_ent", N, d, std=std)
+        ent = _randn(s, "W_E_ent", N, d, std=std * cfg.entity_init_scale)
         if cfg.entity_init == "zero":
             ent.zero_()
         if cfg.embeddings == "trainable":
@@ -327,21 +332,31 @@ class FactModel(HookedRootModule):
         self.load_state_dict(state)
 
 
+def scores_attributes(outputs: str, n_entities: int, n_attributes: int | None, hops: int = 1) -> bool:
+    """Whether a model of ``outputs`` (auto | entities | attributes) predicts over the attribute pool: only in a
+    pool world (A < N); ``auto`` (the default) for single-hop queries, where every answer is an attribute, while
+    multi-hop queries keep the entity vocabulary (their intermediate answers become subjects)."""
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs={outputs!r}: allowed values are {', '.join(OUTPUTS)}")
+    pool = n_attributes is not None and n_attributes < n_entities
+    return pool and (outputs == "attributes" or (outputs == "auto" and hops == 1))
+
+
 def build_fact_model(world, d: int = 32, mlp_width: int = 64, *, attention: str = "uniform",
                      embeddings: str = "trainable", tied: bool = False, layer_norm: bool = False,
-                     entity_init: str = "normal", hops: int = 1, cot: bool = False, seed: int = 0,
-                     outputs: str = "entities") -> FactModel:
+                     entity_init: str = "normal", entity_init_scale: float = 1.0, hops: int = 1,
+                     cot: bool = False, seed: int = 0, outputs: str = "auto") -> FactModel:
     """A freshly initialised :class:`FactModel` for the vocabulary of ``world`` (a FactWorld).
 
     ``seed`` is the INITIALISATION seed (independent of the world's seed). Queries of k > 1 hops get learned
     positions for their length (``hops + 1`` direct, ``2 hops`` with chain of thought). ``outputs``:
-    ``entities`` (all N) or ``attributes`` (the world's attribute pool ``0 .. A-1``, where every answer lies).
+    ``entities`` (all N), ``attributes`` (the world's attribute pool ``0 .. A-1``, where every answer lies) or
+    ``auto`` (attributes for single-hop queries of a pool world, else entities: :func:`scores_attributes`).
     """
-    if outputs not in OUTPUTS:
-        raise ValueError(f"outputs={outputs!r}: allowed values are {', '.join(OUTPUTS)}")
     n_ctx = 0 if hops == 1 else (2 * hops if cot else hops + 1)
-    n_out = 0 if outputs == "entities" or world.n_attributes == world.n_entities else world.n_attributes
+    n_out = world.n_attributes if scores_attributes(outputs, world.n_entities, world.n_attributes, hops) else 0
     return FactModel(FactModelConfig(world.n_entities, world.n_relations, d=d, mlp_width=mlp_width,
                                      attention=attention, embeddings=embeddings, tied=tied, layer_norm=layer_norm,
-                                     entity_init=entity_init, n_special=world.n_special, n_ctx=n_ctx, seed=seed,
+                                     entity_init=entity_init, entity_init_scale=entity_init_scale,
+                                     n_special=world.n_special, n_ctx=n_ctx, seed=seed,
                                      n_outputs=n_out))

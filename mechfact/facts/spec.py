@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..config import DictConfig, bad, check_choice, check_int
 from ..limits import check_memory
-from .model import OUTPUTS, FactModelConfig
+from .model import OUTPUTS, FactModelConfig, scores_attributes
 from .train import train_cost
 from .world import MAX_ENUMERATE, FactWorld, Queries
 
@@ -26,7 +26,8 @@ class ModelSpec(DictConfig):
     tied: bool = False  # entity unembedding tied to the input embedding
     layer_norm: bool = False
     entity_init: str = "normal"  # normal | zero (entity input embeddings start at 0)
-    outputs: str = "entities"  # entities | attributes (an attribute-pool world's pool only)
+    entity_init_scale: float = 1.0  # multiplies the normal init's std of the entity input embeddings
+    outputs: str = "auto"  # auto (the pool for single-hop pool worlds) | entities | attributes
 
     def __post_init__(self) -> None:
         check_choice("outputs", self.outputs, OUTPUTS)
@@ -95,7 +96,7 @@ def training_cost(subjects: int, relations: int, d: int, mlp_width: int, spec: "
     attribute pool of ``attributes``, scored over that pool when ``spec.outputs`` says so)."""
     n_ctx = 0 if hops == 1 else _positions(hops, cot)[0]
     kw = spec.config_kwargs(embeddings)
-    n_out = attributes if spec.outputs == "attributes" and attributes and attributes < subjects else 0
+    n_out = attributes if scores_attributes(spec.outputs, subjects, attributes, hops) else 0
     mcfg = FactModelConfig(subjects, relations, d=d, mlp_width=mlp_width, n_ctx=n_ctx, n_outputs=n_out, **kw)
     need, what = train_cost(mcfg, n_chains(subjects, relations, hops), *_positions(hops, cot), batch_size)
     return need + world_bytes(subjects, relations), what

@@ -1,0 +1,230 @@
+"""Which training factor makes gradient descent find the geometric solution? One factor at a time around the
+default regime, in one attribute-pool world (docs/results_pool.md, section 3).
+
+    python -m synthetic.regime_map --out runs/regime_map --subjects 256 --relations 8 --attributes 64 \\
+        --capacity runs/facts/pool_N256 [--seeds 0 1] [--variants default loss-mse ...]
+    python -m synthetic.regime_map --out runs/regime_map --table        # markdown table + figure from the runs
+    python -m synthetic.regime_map --out runs/regime_map --export docs/runs/pool   # into DIR/map
+
+The centre is the ``default`` regime of :mod:`synthetic.threshold_study` (cross-entropy, entity input embeddings
+N(0, I/d), no L2, Adam 3e-2 with warm-up and cosine decay, 2000 steps, stopped at 99% train accuracy, MLP width
+64) at d = 3 d* (d*: the world's capacity threshold). Each variant changes ONE of: the loss, the coupled L2, the
+entity-embedding init scale, the training length (no early stop), the width d, the MLP width, the pool size A (d
+kept). Reference points change more than one: the full budget with L2 (``budget-l2``) and the ``geometric``
+regime itself (squared error + L2 1e-3 + zero init + 3000 steps at lr 1e-2), at 3 d* and at its own shape (d =
+128, MLP width 256: ``geometric-wide``). The ``geo-*`` knock-outs put one of the geometric regime's factors back
+(cross-entropy, no L2, the normal init, stopping at 99%) at that shape. Every model is probed as in the threshold
+study (held-out superposition R^2 with its control, per-relation readout, selector ablation, zero-shot
+freeze-and-swap with its control). Runs: ``<out>/map_N<N>_R<R>_A<A>/<variant>_seed<s>/summary.json``, written
+when a run finishes; a rerun skips finished runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from pathlib import Path
+from typing import NamedTuple
+
+from synthetic.threshold_study import GEOMETRIC, d_star_from, run_one
+
+BASE_FACTOR = 3.0  # the centre's width, in units of d*
+
+
+class Variant(NamedTuple):
+    what: str  # what it changes, for the table
+    regime: str  # threshold_study regime it starts from
+    train: dict  # TrainConfig overrides
+    model: dict  # FactModelConfig overrides
+    factor: float = BASE_FACTOR  # width d in units of d*
+    attributes: int | str | None = None  # None: the world's A; "N": the bijection limit
+    mlp_width: int | None = None  # None: the study's width (--mlp-width)
+
+
+VARIANTS: dict[str, Variant] = {
+    "default": Variant("the centre: default regime at 3 d*", "default", {}, {}),
+    "loss-mse": Variant("loss: squared error on the logits", "default", {"loss": "mse"}, {}),
+    "l2-1e-4": Variant("coupled L2 1e-4", "default", {"l2": 1e-4}, {}),
+    "l2-1e-3": Variant("coupled L2 1e-3", "default", {"l2": 1e-3}, {}),
+    "init-0.1": Variant("entity init scale 0.1", "default", {}, {"entity_init_scale": 0.1}),
+    "init-0": Variant("entity init zero", "default", {}, {"entity_init": "zero"}),
+    "budget": Variant("3000 steps, no early stop", "default", {"steps": 3000, "target_accuracy": None}, {}),
+    "d-x1": Variant("width d = d*", "default", {}, {}, factor=1.0),
+    "d-x10": Variant("width d = 10 d*", "default", {}, {}, factor=10.0),
+    "mlp-256": Variant("MLP width 256", "default", {}, {}, mlp_width=256),
+    "A-16": Variant("pool A = 16 (d kept)", "default", {}, {}, attributes=16),
+    "A-N": Variant("pool A = N, bijections (d kept)", "default", {}, {}, attributes="N"),
+    "budget-l2": Variant("two factors: 3000 steps, no early stop, L2 1e-3", "default",
+                         {"steps": 3000, "target_accuracy": None, "l2": 1e-3}, {}),
+    "geometric": Variant("all: the geometric regime (mse, L2 1e-3, zero init, 3000 steps, lr 1e-2)", "geometric",
+                         {}, {}),
+    "geometric-wide": Variant("the geometric regime at its own shape (d = 128, MLP width 256)", "geometric", {}, {},
+                              factor=0.0, mlp_width=256),
+    # knock-outs: the geometric regime at its own shape with ONE of its factors back at the default's
+    "geo-ce": Variant("geometric-wide with cross-entropy", "geometric", {"loss": "ce"}, {}, factor=0.0,
+                      mlp_width=256),
+    "geo-no-l2": Variant("geometric-wide without L2", "geometric", {"l2": 0.0}, {}, factor=0.0, mlp_width=256),
+    "geo-init-normal": Variant("geometric-wide with the normal entity init", "geometric", {},
+                               {"entity_init": "normal"}, factor=0.0, mlp_width=256),
+    "geo-stop": Variant("geometric-wide stopped at 99% train accuracy", "geometric",
+                        {"target_accuracy": 0.99, "eval_every": 50}, {}, factor=0.0, mlp_width=256),
+}
+GEOMETRIC_D = 128  # the geometric regime's own width (factor 0 above: d fixed, not scaled by d*)
+
+
+def world_dir(out: Path, n: int, r: int, a: int) -> Path:
+    return out / f"map_N{n}_R{r}_A{a}"
+
+
+def run(out: Path, n: int, r: int, a: int, d_star: int, variants: list[str], seeds: list[int], mlp_width: int = 64,
+        steps: int = 2000, device: str = "cpu") -> list[dict]:
+    """Train and probe every (variant, seed) not yet finished; the summaries."""
+    rows = []
+    for name in variants:
+        v = VARIANTS[name]
+        d = int(math.ceil(v.factor * d_star)) if v.factor else GEOMETRIC_D
+        a_run = n if v.attributes == "N" else (v.attributes or a)
+        for s in seeds:
+            print(f"{name} ({v.what}): d={d}, A={a_run}, seed {s}", flush=True)
+            rows.append(run_one(world_dir(out, n, r, a) / f"{name}_seed{s}", v.regime, n, r, a_run, d,
+                                v.mlp_width or mlp_width, s, steps, device,
+                                extra={"variant": name, "factor": v.factor or None, "d_star": d_star,
+                                       "world_attributes": a},
+                                train_overrides=v.train, model_overrides=v.model))
+    return rows
+
+
+def collect(out: Path) -> list[dict]:
+    from mechfact.runs import read_json
+
+    return [read_json(f) for f in sorted(out.glob("map_N*_R*_A*/*/summary.json"))]
+
+
+def export(out: Path, dest: Path) -> int:
+    """Copies every finished map run's summary.json to ``dest/map`` (same layout)."""
+    from mechfact.runs import read_json, write_json_atomic
+
+    n = 0
+    for f in sorted(out.glob("map_N*_R*_A*/*/summary.json")):
+        write_json_atomic(dest / "map" / f.relative_to(out), read_json(f))
+        n += 1
+    return n
+
+
+def _cell(vals) -> str:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "—"
+    med = statistics.median(vals)
+    return f"{med:.2f}" if len(vals) == 1 else f"{med:.2f} [{min(vals):.2f}, {max(vals):.2f}]"
+
+
+def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for x in rows:
+        groups.setdefault((x["subjects"], x["relations"], x["world_attributes"], x["variant"]), []).append(x)
+    order = list(VARIANTS)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][:3], order.index(kv[0][3]) if kv[0][3] in order
+                                                         else len(order))))
+
+
+def table(rows: list[dict]) -> str:
+    """One line per (world, variant): medians over seeds [range], and how many seeds show the mechanism."""
+    lines = ["| world (N, R, A) | variant | what changes | d | MLP | A | seeds | train acc | steps | R^2 held-out | "
+             "control R^2 | readout embed (min) | zero-shot | zero-shot control | chance | geometric (seeds) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (n, r, a, name), g in _groups(rows).items():
+        what = VARIANTS[name].what if name in VARIANTS else name
+        geo = sum(x["r2_heldout"] >= GEOMETRIC and x["zero_shot_accuracy"] >= GEOMETRIC for x in g)
+        steps = sorted({x["steps"] for x in g})
+        lines.append(f"| {n}, {r}, {a} | {name} | {what} | {g[0]['d']} | {g[0]['mlp_width']} | {g[0]['attributes']} "
+                     f"| {len(g)} | {_cell([x['train_accuracy'] for x in g])} | "
+                     f"{'-'.join(map(str, (steps[0], steps[-1]) if len(steps) > 1 else steps))} | "
+                     + " | ".join(_cell([x[k] for x in g]) for k in (
+                         "r2_heldout", "control_r2_heldout", "readout_embed_min", "zero_shot_accuracy",
+                         "zero_shot_control_accuracy"))
+                     + f" | {g[0]['chance']:.3f} | {geo} of {len(g)} |")
+    return "\n".join(lines)
+
+
+def reading(rows: list[dict]) -> str:
+    """What moves the two measures away from the centre: per variant, the median change of held-out R^2 and of
+    zero-shot accuracy against the centre (same world), and the variants that reach the mechanism."""
+    groups = _groups(rows)
+    out = []
+    for (n, r, a, name), g in groups.items():
+        base = groups.get((n, r, a, "default"))
+        if name == "default" or not base:
+            continue
+        dr2 = statistics.median(x["r2_heldout"] for x in g) - statistics.median(x["r2_heldout"] for x in base)
+        dzs = statistics.median(x["zero_shot_accuracy"] for x in g) - statistics.median(
+            x["zero_shot_accuracy"] for x in base)
+        out.append((name, n, r, a, dr2, dzs))
+    reached = sorted({f"{name} (N={n}, R={r}, A={a})" for (n, r, a, name), g in groups.items()
+                      if any(x["r2_heldout"] >= GEOMETRIC and x["zero_shot_accuracy"] >= GEOMETRIC for x in g)})
+    lines = ["Change of the medians against the centre (held-out R^2 / zero-shot accuracy): "
+             + "; ".join(f"{name} {dr2:+.2f} / {dzs:+.2f}" for name, _, _, _, dr2, dzs in out) + ".", "",
+             f"Variants with a seed showing the mechanism (held-out R^2 >= {GEOMETRIC} and zero-shot >= "
+             f"{GEOMETRIC}): " + (", ".join(reached) if reached else "none") + "."]
+    return "\n".join(lines)
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    """Held-out R^2 and zero-shot accuracy per variant (one dot per seed; hollow: the controls)."""
+    from mechfact.plotting import save, subplots
+
+    groups = _groups(rows)
+    names = [k[3] for k in groups]
+    fig, axes = subplots(1, 2, figsize=(11.0, 4.2))
+    for ax, key, ctl, label in zip(axes, ("r2_heldout", "zero_shot_accuracy"),
+                                   ("control_r2_heldout", "zero_shot_control_accuracy"),
+                                   ("superposition R^2 (held-out subjects)", "zero-shot freeze-and-swap accuracy")):
+        for i, g in enumerate(groups.values()):
+            ax.plot([i] * len(g), [x[key] for x in g], "o", color="C0", label="model" if i == 0 else None)
+            ax.plot([i] * len(g), [x[ctl] for x in g], "o", mfc="none", color="C7",
+                    label="control" if i == 0 else None)
+        ax.axhline(GEOMETRIC, color="C3", lw=0.8, ls="--")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    save(fig, path)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/regime_map")
+    ap.add_argument("--subjects", type=int, default=256)
+    ap.add_argument("--relations", type=int, default=8)
+    ap.add_argument("--attributes", type=int, default=64)
+    ap.add_argument("--capacity", default=None, help="a `mechfact facts capacity --outputs attributes` run folder")
+    ap.add_argument("--d-star", type=int, default=None, help="d* itself (instead of --capacity)")
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--mlp-width", type=int, default=64)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--table", action="store_true", help="print the table of every finished run and draw the figure")
+    ap.add_argument("--export", default=None, metavar="DIR", help="copy the finished runs' summaries to DIR/map")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    if a.export:
+        print(f"{export(out, Path(a.export))} files copied to {a.export}/map")
+        return
+    if a.table:
+        rows = collect(out)
+        print(table(rows))
+        if rows:
+            figure(rows, out / "fig_regime_map.png")
+        return
+    if (a.capacity is None) == (a.d_star is None):
+        ap.error("give one of --capacity RUN_FOLDER or --d-star D")
+    if a.d_star is not None and a.d_star < 1:
+        ap.error(f"--d-star {a.d_star}: must be >= 1")
+    d_star = a.d_star or d_star_from(Path(a.capacity), a.subjects, a.relations, a.attributes)
+    run(out, a.subjects, a.relations, a.attributes, d_star, a.variants, a.seeds, a.mlp_width, device=a.device)
+    print(table(collect(out)))
+
+
+if __name__ == "__main__":
+    main()
