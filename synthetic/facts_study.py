@@ -119,8 +119,9 @@ def construction_d(n: int, r: int, k: int) -> int:
 
 
 def multihop_table(out: Path) -> str:
-    """Exact-chain accuracy of the multihop_N* parts: one row per (N, d), direct / CoT per k, and the
-    construction's d for a direct lookup at each k (CoT's: the k = 1 value)."""
+    """Exact-chain accuracy of the multihop_N* parts under ``out``: one row per (N, d), direct / CoT per k, and
+    the construction's d for a direct lookup at each k (CoT's: the k = 1 value), cached in
+    ``out/construction_d.json``."""
     rows, cons = [], {}
     for name in PARTS:
         f = out / name / "result.json"
@@ -139,11 +140,39 @@ def multihop_table(out: Path) -> str:
         cells = [f"{pts[(k, m)]:.3f}" if (k, m) in pts else "—" for k in ks
                  for m in (("direct",) if k == 1 else ("direct", "cot"))]
         lines.append(f"| {n} | {r} | {d} | " + " | ".join(cells) + " |")
+    from mechfact.runs import read_json, write_json_atomic
+
+    cache = out / "construction_d.json"  # the constructions are deterministic; k = 4 at N = 64 takes ~2 min
+    known = read_json(cache) if cache.is_file() else {}
     for n, r in sorted({(n, r) for n, r, *_ in rows}):
-        cons = ", ".join(f"k = {k}: {construction_d(n, r, k)}" for k in ks if n * r**k <= 20_000)
+        for k in ks:
+            if n * r**k <= 20_000 and f"{n},{r},{k}" not in known:
+                known[f"{n},{r},{k}"] = construction_d(n, r, k)
+                write_json_atomic(cache, known)
+        cons = ", ".join(f"k = {k}: {known[f'{n},{r},{k}']}" for k in ks if f"{n},{r},{k}" in known)
         lines.append(f"\nConstruction's d for a direct lookup at N = {n}, R = {r} ({cons}); chain of thought "
                      "needs the k = 1 value at every k.")
     return "\n".join(lines)
+
+
+def export_multihop(out: Path, dest: Path) -> int:
+    """Copies the multihop_N* parts' JSON (and the construction cache) to ``dest``: what the multi-hop table of
+    docs/results_facts.md is rebuilt from (``--out dest --multihop-table``)."""
+    from mechfact.runs import read_json, write_json_atomic
+
+    n = 0
+    for name in PARTS:
+        for f in ("config.json", "result.json", "meta.json"):
+            if name.startswith("multihop_N") and (out / name / f).is_file():
+                data = read_json(out / name / f)
+                if f == "config.json":
+                    data.get("config", {}).pop("out", None)
+                write_json_atomic(dest / name / f, data)
+                n += 1
+    if (out / "construction_d.json").is_file():
+        write_json_atomic(dest / "construction_d.json", read_json(out / "construction_d.json"))
+        n += 1
+    return n
 
 
 def _figure(out: Path, rows) -> None:
@@ -182,11 +211,15 @@ def main() -> None:
     ap.add_argument("--part", nargs="+", choices=sorted(PARTS), default=None, help="default: all parts")
     ap.add_argument("--summarize", action="store_true")
     ap.add_argument("--multihop-table", action="store_true", help="print the multihop_N* parts' table")
+    ap.add_argument("--export-multihop", type=Path, default=None, metavar="DIR",
+                    help="copy the multihop_N* parts' JSON to DIR (the table is rebuilt with --out DIR)")
     ap.add_argument("--executor", default="local", choices=("local", "ray"))
     ap.add_argument("--workers", default=None, help="Ray: jobs at once (default: every core)")
     ap.add_argument("--ray-address", default=None, help="Ray: join a running cluster ('auto' or HOST:PORT)")
     a = ap.parse_args()
-    if a.multihop_table:
+    if a.export_multihop:
+        print(f"{export_multihop(a.out, a.export_multihop)} files copied to {a.export_multihop}")
+    elif a.multihop_table:
         print(multihop_table(a.out))
     elif a.summarize:
         summarize(a.out)

@@ -1,5 +1,5 @@
 """Which training factor makes gradient descent find the geometric solution? One factor at a time around the
-default regime, in one attribute-pool world (docs/results_pool.md, section 3).
+default regime, in attribute-pool worlds (docs/results_pool.md, section 3).
 
     python -m synthetic.regime_map --out runs/regime_map --subjects 256 --relations 8 --attributes 64 \\
         --capacity runs/facts/pool_N256 [--seeds 0 1] [--variants default loss-mse ...]
@@ -149,24 +149,29 @@ def table(rows: list[dict]) -> str:
 
 
 def reading(rows: list[dict]) -> str:
-    """What moves the two measures away from the centre: per variant, the median change of held-out R^2 and of
-    zero-shot accuracy against the centre (same world), and the variants that reach the mechanism."""
+    """Per world: the median change of held-out R^2 and of zero-shot accuracy of each variant against its
+    reference (the centre; for the ``geo-*`` knock-outs, ``geometric-wide``), and the variants that reach the
+    mechanism."""
     groups = _groups(rows)
-    out = []
-    for (n, r, a, name), g in groups.items():
-        base = groups.get((n, r, a, "default"))
-        if name == "default" or not base:
-            continue
-        dr2 = statistics.median(x["r2_heldout"] for x in g) - statistics.median(x["r2_heldout"] for x in base)
-        dzs = statistics.median(x["zero_shot_accuracy"] for x in g) - statistics.median(
-            x["zero_shot_accuracy"] for x in base)
-        out.append((name, n, r, a, dr2, dzs))
-    reached = sorted({f"{name} (N={n}, R={r}, A={a})" for (n, r, a, name), g in groups.items()
-                      if any(x["r2_heldout"] >= GEOMETRIC and x["zero_shot_accuracy"] >= GEOMETRIC for x in g)})
-    lines = ["Change of the medians against the centre (held-out R^2 / zero-shot accuracy): "
-             + "; ".join(f"{name} {dr2:+.2f} / {dzs:+.2f}" for name, _, _, _, dr2, dzs in out) + ".", "",
-             f"Variants with a seed showing the mechanism (held-out R^2 >= {GEOMETRIC} and zero-shot >= "
-             f"{GEOMETRIC}): " + (", ".join(reached) if reached else "none") + "."]
+    lines = []
+    for n, r, a in sorted({k[:3] for k in groups}):
+        diffs = {"default": [], "geometric-wide": []}
+        for (n2, r2, a2, name), g in groups.items():
+            ref = "geometric-wide" if name.startswith("geo-") else "default"
+            base = groups.get((n, r, a, ref))
+            if (n2, r2, a2) != (n, r, a) or name == ref or not base:
+                continue
+            med = {k: statistics.median(x[k] for x in g) - statistics.median(x[k] for x in base)
+                   for k in ("r2_heldout", "zero_shot_accuracy")}
+            diffs[ref].append(f"{name} {med['r2_heldout']:+.2f} / {med['zero_shot_accuracy']:+.2f}")
+        reached = [name for (n2, r2, a2, name), g in groups.items() if (n2, r2, a2) == (n, r, a)
+                   and any(x["r2_heldout"] >= GEOMETRIC and x["zero_shot_accuracy"] >= GEOMETRIC for x in g)]
+        lines.append(f"- N = {n}, R = {r}, A = {a}. Change of the medians (held-out R^2 / zero-shot accuracy) "
+                     "against the centre: " + ("; ".join(diffs["default"]) or "—")
+                     + (". Knock-outs against geometric-wide: " + "; ".join(diffs["geometric-wide"])
+                        if diffs["geometric-wide"] else "")
+                     + f". Variants with a seed showing the mechanism (held-out R^2 >= {GEOMETRIC} and zero-shot "
+                     f">= {GEOMETRIC}): " + (", ".join(reached) if reached else "none") + ".")
     return "\n".join(lines)
 
 

@@ -329,11 +329,11 @@ def _map_section(src: Path) -> list[str]:
     if not rows:
         return []
     worlds = sorted({(r["subjects"], r["relations"], r["world_attributes"]) for r in rows})
-    n, r, a = worlds[0]
+    cmds = " and ".join(f"`python -m synthetic.regime_map --out runs/regime_map --subjects {n} --relations {r} "
+                        f"--attributes {a} --capacity runs/facts/pool_N{n} [--variants ...]`" for n, r, a in worlds)
     return [
         "## 3. What decides the regime: one factor at a time", "",
-        f"`python -m synthetic.regime_map --out runs/regime_map --subjects {n} --relations {r} --attributes {a} "
-        "--capacity runs/facts/pool_N256` (exported with `--export docs/runs/pool`). The centre is the `default` "
+        f"{cmds} (exported with `--export docs/runs/pool`). The centre is the `default` "
         "regime of section 2 at d = 3 d*; each variant changes one factor (the loss, the coupled L2, the scale of "
         "the entity embeddings' initialisation, training on past 99% for the full budget, the width, the pool "
         "size with d kept); `budget-l2` changes two and `geometric` all of them at once (squared error, L2 1e-3, "
@@ -350,11 +350,13 @@ def _map_estimate(src: Path) -> str:
     rows = regime_map.collect(src / "map")
     if not rows:
         return ""
-    n = rows[0]["subjects"]
-    total = sum(r["wall_time_s"] for r in rows if r["subjects"] == n)
+    world = max({(r["subjects"], r["relations"], r["world_attributes"]) for r in rows}, key=lambda w: (w[1], w))
+    n = world[0]
+    total = sum(r["wall_time_s"] for r in rows if (r["subjects"], r["relations"], r["world_attributes"]) == world)
     hours = total * 4096 / n / 3600
     return (f"\n- The regime map at N = 4096, R = 8 (the same variants and seeds): at least {hours:.1f} CPU hours on "
-            f"one thread (the N = {n} map took {total / 60:.0f} min, scaled by the number of facts; a lower bound, "
+            f"one thread (the N = {n}, R = {world[1]}, A = {world[2]} map took {total / 60:.0f} min, scaled by the "
+            "number of facts; a lower bound, "
             "since d* and the steps to 99% grow with N): `python -m synthetic.regime_map --subjects 4096 "
             "--relations 8 --attributes 64 --capacity runs/facts/pool_N4096 --device cuda`.")
 

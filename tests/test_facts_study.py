@@ -19,3 +19,23 @@ def test_every_part_parses_into_a_valid_config(name, tmp_path):
                                      attributes=a.attributes, model=ex.ModelSpec(outputs=a.outputs))
         if name.startswith("pool_"):
             assert cfg.attributes and cfg.model.outputs == "attributes" and cfg.seeds >= 2
+
+
+def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
+    """One row per (N, d) with direct / CoT per k; missing points are dashes; the construction's d comes from
+    the cache (computed once), and a part's JSON survives the export the docs table is rebuilt from."""
+    import json
+
+    from synthetic import facts_study as F
+
+    pts = [{"hops": 1, "mode": "direct", "accuracy": 1.0}, {"hops": 2, "mode": "direct", "accuracy": 0.5},
+           {"hops": 2, "mode": "cot", "accuracy": 0.999}]
+    (tmp_path / "multihop_N64_d8").mkdir()
+    (tmp_path / "multihop_N64_d8" / "result.json").write_text(json.dumps({"points": pts}))
+    (tmp_path / "construction_d.json").write_text(json.dumps({"64,4,1": 64, "64,4,2": 256}))
+    text = F.multihop_table(tmp_path)
+    assert "| N | R | d | k = 1 direct | k = 2 direct | k = 2 CoT |" in text
+    assert "| 64 | 4 | 8 | 1.000 | 0.500 | 0.999 |" in text
+    assert "at N = 64, R = 4 (k = 1: 64, k = 2: 256)" in text
+    assert F.export_multihop(tmp_path, tmp_path / "e") == 2
+    assert F.multihop_table(tmp_path / "e") == text
