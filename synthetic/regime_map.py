@@ -181,14 +181,21 @@ def figure(rows: list[dict], path: Path) -> None:
 
     groups = _groups(rows)
     names = [k[3] for k in groups]
+    worlds = list(dict.fromkeys(k[:3] for k in groups))
     fig, axes = subplots(1, 2, figsize=(11.0, 4.2))
     for ax, key, ctl, label in zip(axes, ("r2_heldout", "zero_shot_accuracy"),
                                    ("control_r2_heldout", "zero_shot_control_accuracy"),
                                    ("superposition R^2 (held-out subjects)", "zero-shot freeze-and-swap accuracy")):
-        for i, g in enumerate(groups.values()):
-            ax.plot([i] * len(g), [x[key] for x in g], "o", color="C0", label="model" if i == 0 else None)
+        seen = set()
+        for i, (k, g) in enumerate(groups.items()):
+            w = worlds.index(k[:3])
+            ax.plot([i] * len(g), [x[key] for x in g], "o", color=f"C{w % 10}",
+                    label=None if w in seen else f"N={k[0]}, R={k[1]}, A={k[2]}")
             ax.plot([i] * len(g), [x[ctl] for x in g], "o", mfc="none", color="C7",
                     label="control" if i == 0 else None)
+            if i and k[:3] != list(groups)[i - 1][:3]:
+                ax.axvline(i - 0.5, color="k", lw=0.6)
+            seen.add(w)
         ax.axhline(GEOMETRIC, color="C3", lw=0.8, ls="--")
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
