@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from synthetic.threshold_study import GEOMETRIC, d_star_from, run_one
+from synthetic.threshold_study import GEOMETRIC, d_star_from, median_cell, run_one
 
 BASE_FACTOR = 3.0  # the centre's width, in units of d*
 
@@ -112,14 +112,6 @@ def export(out: Path, dest: Path) -> int:
     return n
 
 
-def _cell(vals) -> str:
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return "—"
-    med = statistics.median(vals)
-    return f"{med:.2f}" if len(vals) == 1 else f"{med:.2f} [{min(vals):.2f}, {max(vals):.2f}]"
-
-
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
     groups: dict[tuple, list[dict]] = {}
     for x in rows:
@@ -139,9 +131,9 @@ def table(rows: list[dict]) -> str:
         geo = sum(x["r2_heldout"] >= GEOMETRIC and x["zero_shot_accuracy"] >= GEOMETRIC for x in g)
         steps = sorted({x["steps"] for x in g})
         lines.append(f"| {n}, {r}, {a} | {name} | {what} | {g[0]['d']} | {g[0]['mlp_width']} | {g[0]['attributes']} "
-                     f"| {len(g)} | {_cell([x['train_accuracy'] for x in g])} | "
+                     f"| {len(g)} | {median_cell([x['train_accuracy'] for x in g])} | "
                      f"{'-'.join(map(str, (steps[0], steps[-1]) if len(steps) > 1 else steps))} | "
-                     + " | ".join(_cell([x[k] for x in g]) for k in (
+                     + " | ".join(median_cell([x[k] for x in g]) for k in (
                          "r2_heldout", "control_r2_heldout", "readout_embed_min", "zero_shot_accuracy",
                          "zero_shot_control_accuracy"))
                      + f" | {g[0]['chance']:.3f} | {geo} of {len(g)} |")

@@ -118,6 +118,15 @@ def collect(out: Path) -> list[dict]:
     return [read_json(summ) for summ in sorted(out.glob("N*_R*_A*/*/summary.json"))]
 
 
+def median_cell(vals) -> str:
+    """``median [min, max]`` of the non-null values (the median alone for one value; a dash for none)."""
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "—"
+    med = statistics.median(vals)
+    return f"{med:.2f}" if len(vals) == 1 else f"{med:.2f} [{min(vals):.2f}, {max(vals):.2f}]"
+
+
 def table(rows: list[dict]) -> str:
     """One line per (world, regime, factor): medians over seeds, with the seeds' range."""
     groups: dict[tuple, list[dict]] = {}
@@ -130,21 +139,15 @@ def table(rows: list[dict]) -> str:
              "that relation / the others / random units, that relation (mean over relations) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
-    def cell(vals):
-        vals = [v for v in vals if v is not None]
-        if not vals:
-            return "—"
-        med = statistics.median(vals)
-        return f"{med:.2f}" if len(vals) == 1 else f"{med:.2f} [{min(vals):.2f}, {max(vals):.2f}]"
     for (n, r, a, regime, f), g in sorted(groups.items(),
                                           key=lambda kv: (kv[0][:3], REGIMES.index(kv[0][3]), kv[0][4] or 0)):
         # a relation with no selective unit has no ablation (null): the means are over the relations that have one
         with_units = [[i for i, v in enumerate(x["ablation_on_others"]) if v is not None] for x in g]
-        on, off, rnd = (cell([statistics.mean(x[k][i] for i in idx) if idx else None
+        on, off, rnd = (median_cell([statistics.mean(x[k][i] for i in idx) if idx else None
                               for x, idx in zip(g, with_units)])
                         for k in ("ablation_on_relation", "ablation_on_others", "ablation_random_on_relation"))
         lines.append(f"| {n} | {r} | {a} | {regime} | {g[0]['d']} ({f:g}) | {len(g)} | "
-                     + " | ".join(cell([x[k] for x in g]) for k in keys) + f" | {on} / {off} / {rnd} |")
+                     + " | ".join(median_cell([x[k] for x in g]) for k in keys) + f" | {on} / {off} / {rnd} |")
     return "\n".join(lines)
 
 
