@@ -39,3 +39,14 @@ def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
     assert "at N = 64, R = 4 (k = 1: 64, k = 2: 256)" in text
     assert F.export_multihop(tmp_path, tmp_path / "e") == 2
     assert F.multihop_table(tmp_path / "e") == text
+
+
+def test_the_multihop_table_in_results_facts_is_what_its_command_prints():
+    from pathlib import Path
+
+    from synthetic import facts_study as F
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "docs/runs/multihop/construction_d.json").is_file():
+        pytest.skip("docs/runs/multihop is not in this checkout")
+    assert F.multihop_table(root / "docs/runs/multihop") in (root / "docs/results_facts.md").read_text()
