@@ -73,8 +73,8 @@ PARTS: dict[str, list[str]] = {
 
 
 def run(out: Path, parts: list[str], executor_flags: list[str] = ()) -> None:
-    """Each part as a ``mechfact facts`` command; ``executor_flags`` (e.g. ``--executor ray --workers 2``) spread
-    its jobs over cores or a cluster."""
+    """Each part as a ``mechfact facts`` command; ``executor_flags`` (e.g. ``--executor ray --workers 2``,
+    ``--device cuda``) spread its jobs over cores or a cluster, or onto a GPU."""
     from mechfact.cli import main
 
     for name in parts:
@@ -216,6 +216,10 @@ def main() -> None:
     ap.add_argument("--executor", default="local", choices=("local", "ray"))
     ap.add_argument("--workers", default=None, help="Ray: jobs at once (default: every core)")
     ap.add_argument("--ray-address", default=None, help="Ray: join a running cluster ('auto' or HOST:PORT)")
+    from mechfact.device import DEVICE_CHOICES
+
+    ap.add_argument("--device", default=None, choices=DEVICE_CHOICES,
+                    help="passed to every part's command (default: the command's own, auto)")
     a = ap.parse_args()
     if a.export_multihop:
         print(f"{export_multihop(a.out, a.export_multihop)} files copied to {a.export_multihop}")
@@ -226,7 +230,8 @@ def main() -> None:
     else:
         flags = ["--executor", a.executor] + (["--workers", a.workers] if a.workers else []) + \
                 (["--ray-address", a.ray_address] if a.ray_address else [])
-        run(a.out, a.part or list(PARTS), flags if a.executor == "ray" else [])
+        run(a.out, a.part or list(PARTS), (flags if a.executor == "ray" else []) +
+            (["--device", a.device] if a.device else []))
 
 
 if __name__ == "__main__":
