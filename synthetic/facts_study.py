@@ -122,7 +122,7 @@ def multihop_table(out: Path) -> str:
     """Exact-chain accuracy of the multihop_N* parts under ``out``: one row per (N, d), direct / CoT per k, and
     the construction's d for a direct lookup at each k (CoT's: the k = 1 value), cached in
     ``out/construction_d.json``."""
-    rows, cons = [], {}
+    rows = []
     for name in PARTS:
         f = out / name / "result.json"
         if not (name.startswith("multihop_N") and f.is_file()):
@@ -155,20 +155,28 @@ def multihop_table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def export_run_json(folder: Path, dest: Path) -> int:
+    """Copies a run folder's config.json, result.json and meta.json (those present) to ``dest``, the config
+    without its ``out`` (a path of the machine that ran it); the number of files copied."""
+    from mechfact.runs import read_json, write_json_atomic
+
+    n = 0
+    for name in ("config.json", "result.json", "meta.json"):
+        if (folder / name).is_file():
+            data = read_json(folder / name)
+            if name == "config.json":
+                data.get("config", {}).pop("out", None)
+            write_json_atomic(dest / name, data)
+            n += 1
+    return n
+
+
 def export_multihop(out: Path, dest: Path) -> int:
     """Copies the multihop_N* parts' JSON (and the construction cache) to ``dest``: what the multi-hop table of
     docs/results_facts.md is rebuilt from (``--out dest --multihop-table``)."""
     from mechfact.runs import read_json, write_json_atomic
 
-    n = 0
-    for name in PARTS:
-        for f in ("config.json", "result.json", "meta.json"):
-            if name.startswith("multihop_N") and (out / name / f).is_file():
-                data = read_json(out / name / f)
-                if f == "config.json":
-                    data.get("config", {}).pop("out", None)
-                write_json_atomic(dest / name / f, data)
-                n += 1
+    n = sum(export_run_json(out / name, dest / name) for name in PARTS if name.startswith("multihop_N"))
     if (out / "construction_d.json").is_file():
         write_json_atomic(dest / "construction_d.json", read_json(out / "construction_d.json"))
         n += 1

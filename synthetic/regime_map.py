@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from synthetic.threshold_study import GEOMETRIC, d_star_from, median_cell, run_one
+from synthetic.threshold_study import GEOMETRIC, d_star_arg, median_cell, run_one
 
 BASE_FACTOR = 3.0  # the centre's width, in units of d*
 
@@ -221,11 +221,7 @@ def main(argv=None) -> None:
         if rows:
             figure(rows, out / "fig_regime_map.png")
         return
-    if (a.capacity is None) == (a.d_star is None):
-        ap.error("give one of --capacity RUN_FOLDER or --d-star D")
-    if a.d_star is not None and a.d_star < 1:
-        ap.error(f"--d-star {a.d_star}: must be >= 1")
-    d_star = a.d_star or d_star_from(Path(a.capacity), a.subjects, a.relations, a.attributes)
+    d_star = d_star_arg(ap, a)
     run(out, a.subjects, a.relations, a.attributes, d_star, a.variants, a.seeds, a.mlp_width, device=a.device)
     print(table(collect(out)))
 

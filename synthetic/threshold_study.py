@@ -97,8 +97,17 @@ def run_one(out: Path, regime: str, n: int, r: int, a: int, d: int, mlp_width: i
     return summ
 
 
-def run(a) -> list[dict]:
-    d_star = a.d_star or d_star_from(Path(a.capacity), a.subjects, a.relations, a.attributes)
+def d_star_arg(ap: argparse.ArgumentParser, a) -> int:
+    """d* from the command line: ``--d-star`` itself, or the median threshold of the ``--capacity`` run (exactly
+    one of them; argparse's error otherwise)."""
+    if (a.capacity is None) == (a.d_star is None):
+        ap.error("give one of --capacity RUN_FOLDER or --d-star D")
+    if a.d_star is not None and a.d_star < 1:
+        ap.error(f"--d-star {a.d_star}: must be >= 1")
+    return a.d_star or d_star_from(Path(a.capacity), a.subjects, a.relations, a.attributes)
+
+
+def run(a, d_star: int) -> list[dict]:
     world_dir = Path(a.out) / f"N{a.subjects}_R{a.relations}_A{a.attributes}"
     rows = []
     for regime in a.regimes:
@@ -186,16 +195,10 @@ def export(capacity_runs: Path, threshold_runs: Path, dest: Path) -> int:
     """Copies the pool capacity runs' JSON (``<capacity_runs>/pool_N*``) to ``dest/capacity`` and every finished
     threshold run's summary.json to ``dest/threshold`` (same layout): what a clone rebuilds the page from."""
     from mechfact.runs import read_json, write_json_atomic
+    from synthetic.facts_study import export_run_json
 
-    n = 0
-    for folder in sorted(capacity_runs.glob("pool_N*")):
-        for name in ("config.json", "result.json", "meta.json"):
-            if (folder / name).is_file():
-                data = read_json(folder / name)
-                if name == "config.json":
-                    data.get("config", {}).pop("out", None)
-                write_json_atomic(dest / "capacity" / folder.name / name, data)
-                n += 1
+    n = sum(export_run_json(folder, dest / "capacity" / folder.name)
+            for folder in sorted(capacity_runs.glob("pool_N*")))
     for summ in sorted(threshold_runs.glob("N*_R*_A*/*/summary.json")):
         write_json_atomic(dest / "threshold" / summ.relative_to(threshold_runs), read_json(summ))
         n += 1
@@ -307,8 +310,11 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
     ]
     if rows:
         text += [_reading(rows), "", "![the mechanism against d / d*](img/threshold.png)", ""]
-    text += _map_section(src)
-    text += ["## Not run here", "", _estimate(src, parts) + _map_estimate(src), ""]
+    from synthetic import regime_map
+
+    map_rows = regime_map.collect(src / "map")
+    text += _map_section(map_rows)
+    text += ["## Not run here", "", _estimate(src, parts) + _map_estimate(map_rows), ""]
     from mechfact.runs import atomic_path
 
     with atomic_path(doc) as tmp:
@@ -318,17 +324,14 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
             dstar_figure(summ, img / "dstar_pool.png")
         if rows:
             figure(rows, img / "threshold.png")
-        from synthetic import regime_map
-
-        if regime_map.collect(src / "map"):
-            regime_map.figure(regime_map.collect(src / "map"), img / "regime_map.png")
+        if map_rows:
+            regime_map.figure(map_rows, img / "regime_map.png")
 
 
-def _map_section(src: Path) -> list[str]:
-    """Section 3: the regime map of :mod:`synthetic.regime_map` from ``src/map`` (nothing when absent)."""
+def _map_section(rows: list[dict]) -> list[str]:
+    """Section 3: the regime map of :mod:`synthetic.regime_map` from its runs' summaries (nothing without)."""
     from synthetic import regime_map
 
-    rows = regime_map.collect(src / "map")
     if not rows:
         return []
     worlds = sorted({(r["subjects"], r["relations"], r["world_attributes"]) for r in rows})
@@ -346,11 +349,8 @@ def _map_section(src: Path) -> list[str]:
         "![regime map](img/regime_map.png)", ""]
 
 
-def _map_estimate(src: Path) -> str:
+def _map_estimate(rows: list[dict]) -> str:
     """The regime map at N = 4096, R = 8: the measured map's CPU time scaled by the facts (a lower bound)."""
-    from synthetic import regime_map
-
-    rows = regime_map.collect(src / "map")
     if not rows:
         return ""
     world = max({(r["subjects"], r["relations"], r["world_attributes"]) for r in rows}, key=lambda w: (w[1], w))
@@ -447,11 +447,10 @@ def main(argv=None) -> None:
         if rows:
             figure(rows, Path(a.out) / "fig_threshold.png")
         return
-    if (a.capacity is None) == (a.d_star is None):
-        ap.error("give one of --capacity RUN_FOLDER or --d-star D")
+    d_star = d_star_arg(ap, a)
     if any(f <= 0 for f in a.factors):
         ap.error(f"--factors {' '.join(map(str, a.factors))}: each must be > 0")
-    run(a)
+    run(a, d_star)
     print(table(collect(Path(a.out))))
 
 
