@@ -17,6 +17,7 @@ from pathlib import Path
 
 GRID = "3 4 5 6 7 8 10 12 14 16 20 24 28 32 40 48 64".split()
 POOL_GRID = ["1", "2", *GRID]  # a pool of A attributes holds R log A bits per subject: thresholds can sit below 3
+WIDTH_GRID = [str(2**i) for i in range(1, 12)]  # 2 .. 2048
 COS = ["--lr", "3e-2", "--schedule", "warmup-cosine", "--patience", "0"]
 CONST = ["--lr", "1e-2", "--patience", "0"]
 
@@ -62,6 +63,13 @@ PARTS: dict[str, list[str]] = {
     **{f"pool_N{N}": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16", "64",
                       "256", "--outputs", "attributes", "--grid", *POOL_GRID, "--steps", "2000", *COS, "--seeds",
                       "2" if N == 4096 else "3"] for N in (256, 1024, 4096)},
+    # the same worlds with fixed entity embeddings: the MLP width m* at d = 16. trainable: the embeddings can store
+    # the facts; frozen-input: the subjects' input embeddings fixed, the A-way unembedding and the MLP learn (with
+    # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed
+    **{f"pool_N{N}_width": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16",
+                            "64", "256", "--outputs", "attributes", "--embeddings", "trainable", "frozen-input",
+                            "frozen", "--search", "mlp-width", "--d", "16", "--grid", *WIDTH_GRID, "--steps", "2000",
+                            *COS, "--seeds", "2"] for N in (256,)},
     # multi-hop, direct vs chain of thought (defaults: N=32, R=4, d=16, width 32, learned attention)
     **{f"multihop_seed{s}": ["multihop", "--seed", str(s)] for s in range(3)},
     # multi-hop as d grows, k = 1..4, R = 4: N = 64 here (N R^4 = 16,384 direct chains), N = 1024 (262,144) for a

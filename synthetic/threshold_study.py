@@ -43,7 +43,7 @@ def d_star_from(capacity: Path, n: int, r: int, a: int) -> int:
 
     res = read_json(capacity / "result.json")
     got = [t["threshold"] for t in res["thresholds"] if (t["subjects"], t["relations"], t.get("attributes")) == (n, r, a)
-           and t["embeddings"] == "trainable" and t["threshold"] is not None]
+           and t["embeddings"] == "trainable" and t.get("searched", "d") == "d" and t["threshold"] is not None]
     if not got:
         raise ValueError(f"--capacity {capacity}: no trainable-embedding threshold for N={n}, R={r}, A={a}")
     return int(math.ceil(statistics.median(got)))
@@ -205,16 +205,75 @@ def export(capacity_runs: Path, threshold_runs: Path, dest: Path) -> int:
     return n
 
 
-def pool_thresholds(src: Path) -> tuple[list[dict], list[str]]:
-    """Every trainable-embedding threshold record of the pool capacity runs under ``src/capacity``."""
+def pool_thresholds(src: Path, searched: str = "d") -> tuple[list[dict], list[str]]:
+    """The threshold records of the pool capacity runs under ``src/capacity`` that searched ``searched``: for
+    ``d`` (d*) the trainable-embedding ones, for ``mlp-width`` (m*) every embedding regime; and the parts read."""
     from mechfact.runs import read_json
 
     recs, parts = [], []
     for f in sorted((src / "capacity").glob("pool_N*/result.json")):
-        got = [t for t in read_json(f)["thresholds"] if t["embeddings"] == "trainable"]
-        recs += got
-        parts.append(f.parent.name)
+        got = [t for t in read_json(f)["thresholds"] if t.get("searched", "d") == searched
+               and (searched != "d" or t["embeddings"] == "trainable")]
+        if got:
+            recs += got
+            parts.append(f.parent.name)
     return recs, parts
+
+
+WIDTH_REGIMES = ("trainable", "frozen-input", "frozen")
+
+
+def width_table(recs: list[dict], grid_max: int) -> str:
+    """m* per (N, R, A) for each embedding regime (per seed and median; "> g": never reached within the grid,
+    "<= g": at the grid's smallest value in some seed), the frozen / trainable ratio of the medians, and per
+    fixed-embedding regime least-squares lines of the median m* against N R and N R ln A."""
+    import numpy as np
+
+    cells: dict[tuple, dict[str, list]] = {}
+    for t in recs:
+        cells.setdefault((t["subjects"], t["attributes"], t["relations"]), {}).setdefault(t["embeddings"], []).append(t)
+    regimes = [e for e in WIDTH_REGIMES if any(e in c for c in cells.values())]
+
+    def median(ts):
+        vals = [t["threshold"] for t in ts]
+        return None if not vals or None in vals else float(np.median(vals))
+
+    def cell(ts):
+        if not ts:
+            return "—"
+        vals = ", ".join(f"> {grid_max}" if t["threshold"] is None else str(t["threshold"])
+                         for t in sorted(ts, key=lambda t: t["seed"]))
+        med = median(ts)
+        bound = "<= " if any(t.get("at_grid_min") for t in ts) else ""
+        return f"{vals} ({'—' if med is None else f'{bound}{med:g}'})"
+
+    head = ["N", "R", "A", "N R"] + [f"m* {e} (median)" for e in regimes]
+    if "trainable" in regimes and "frozen" in regimes:
+        head.append("frozen / trainable")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (n, a, r), c in sorted(cells.items()):
+        row = [str(n), str(r), f"{a}{' (= N)' if a == n else ''}", str(n * r)] + [cell(c.get(e, [])) for e in regimes]
+        if len(head) > len(row):
+            mt, mf = median(c.get("trainable", [])), median(c.get("frozen", []))
+            row.append("—" if mt is None or mf is None else f"{mf / mt:.0f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    fits = []
+    for e in regimes:
+        if e == "trainable":
+            continue
+        pts = [(n * r, n * r * np.log(a), median(c[e])) for (n, a, r), c in cells.items() if median(c.get(e, []))]
+        if len(pts) < 3:
+            continue
+        pts = np.array(pts, dtype=float)
+        for j, name in ((0, "N R"), (1, "N R ln A")):
+            x, y = pts[:, j], pts[:, 2]
+            slope, icpt = np.polyfit(x, y, 1)
+            r2 = 1 - np.sum((y - (slope * x + icpt)) ** 2) / np.sum((y - y.mean()) ** 2)
+            fits.append(f"| {e} | m* = a {name} + b | {slope:.3g} | {icpt:.1f} | {r2:.2f} | {len(pts)} |")
+    if fits:
+        lines += ["", "| regime | fit of the median m* (settings that reached) | slope | intercept | R^2 | points |",
+                  "|---|---|---|---|---|---|", *fits]
+    return "\n".join(lines)
 
 
 def dstar_table(summ: dict) -> str:
@@ -291,6 +350,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the "
            "N = 1024 and 4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
         "![d* in pool worlds](img/dstar_pool.png)", "",
+        *_width_section(src),
         "## 2. The mechanism at the threshold", "",
         "For each world and regime, a model trained at d = ceil(f d*) for f = 1, 1.5, 3 (d*: the median of "
         "section 1), then every probe: held-out superposition R^2 (subject embeddings as sums of attribute "
@@ -314,7 +374,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
 
     map_rows = regime_map.collect(src / "map")
     text += _map_section(map_rows)
-    text += ["## Not run here", "", _estimate(src, parts) + _map_estimate(map_rows), ""]
+    text += ["## Not run here", "", _estimate(src) + _map_estimate(map_rows), ""]
     from mechfact.runs import atomic_path
 
     with atomic_path(doc) as tmp:
@@ -326,6 +386,26 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
             figure(rows, img / "threshold.png")
         if map_rows:
             regime_map.figure(map_rows, img / "regime_map.png")
+
+
+def _width_section(src: Path) -> list[str]:
+    """Section 1b: m* with fixed entity embeddings, from the pool_N*_width parts (nothing without)."""
+    from mechfact.runs import read_json
+
+    recs, parts = pool_thresholds(src, "mlp-width")
+    if not recs:
+        return []
+    cfgs = [read_json(src / "capacity" / p / "config.json")["config"] for p in parts]
+    grid_max = max(max(c["grid"]) for c in cfgs)
+    ds = sorted({c["d"] for c in cfgs})
+    return [
+        "### Fixed entity embeddings: the MLP width m*", "",
+        f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the smallest MLP width "
+        f"reaching 99% at d = {', '.join(map(str, ds))} (grid up to {grid_max}; same training as above) with "
+        "trainable entity embeddings, with the subjects' input embeddings fixed at their random initialisation "
+        "(`frozen-input`: the A-way unembedding still learns, but with A outputs it has no per-subject column "
+        "to store a fact in), and with both fixed (`frozen`). Per seed, median in brackets.", "",
+        width_table(recs, grid_max), ""]
 
 
 def _map_section(rows: list[dict]) -> list[str]:
@@ -364,27 +444,43 @@ def _map_estimate(rows: list[dict]) -> str:
             "--relations 8 --attributes 64 --capacity runs/facts/pool_N4096 --device cuda`.")
 
 
-def _estimate(src: Path, parts: list[str]) -> str:
-    """The pool parts not in ``src``, with a cost estimate scaled from a finished part's wall time by N (the parts
-    share their R and A grids) and the seeds: a lower bound (d*, fixed costs and early stopping also move it)."""
+def _estimate(src: Path) -> str:
+    """The pool parts not in ``src/capacity``, each with a cost estimate scaled from the finished part of its kind
+    (same name but N) with the largest N by N (the parts share their R and A grids) and the seeds: a lower bound
+    (d*, fixed costs and early stopping also move it)."""
+    import re
+
     from mechfact.runs import read_json
     from synthetic.facts_study import PARTS
 
-    missing = [p for p in PARTS if p.startswith("pool_") and p not in parts]
-    base = next(((p, read_json(src / "capacity" / p / "meta.json")) for p in parts
-                 if (src / "capacity" / p / "meta.json").is_file()), None)
+    def kind(p: str) -> tuple[str, int]:
+        m = re.fullmatch(r"pool_N(\d+)(.*)", p)
+        return m.group(2), int(m.group(1))
+
+    pools = [p for p in PARTS if p.startswith("pool_N")]
+    done = {p: read_json(src / "capacity" / p / "meta.json") for p in pools
+            if (src / "capacity" / p / "meta.json").is_file()}
     lines = []
-    for p in missing:
+    for p in pools:
         cmd = (f"`python -m synthetic.facts_study --out runs/facts --part {p} --executor ray "
                "--ray-address HEAD:6379`")
-        if base is None:
+        if p in done:
+            continue
+        if (src / "capacity" / p / "result.json").is_file():
+            got = len(read_json(src / "capacity" / p / "result.json")["thresholds"])
+            lines.append(f"- `{p}`: unfinished, {got} thresholds so far (in the tables above); the same command "
+                         f"resumes it: {cmd}.")
+            continue
+        same = [q for q in done if kind(q)[0] == kind(p)[0]]
+        if not same:
             lines.append(f"- `{p}`: {cmd} (or `--device cuda`).")
             continue
-        n0, n1 = int(base[0].split("N")[1]), int(p.split("N")[1])
-        s0, s1 = (int(PARTS[q][PARTS[q].index("--seeds") + 1]) for q in (base[0], p))
-        hours = base[1]["wall_time_s"] * (n1 / n0) * (s1 / s0) / 3600
-        lines.append(f"- `{p}`: at least {hours:.0f} CPU hours on one thread ({base[0]} took "
-                     f"{base[1]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds; a lower bound, since a "
+        base = max(same, key=lambda q: kind(q)[1])
+        n0, n1 = kind(base)[1], kind(p)[1]
+        s0, s1 = (int(PARTS[q][PARTS[q].index("--seeds") + 1]) for q in (base, p))
+        hours = done[base]["wall_time_s"] * (n1 / n0) * (s1 / s0) / 3600
+        lines.append(f"- `{p}`: at least {hours:.0f} CPU hours on one thread ({base} took "
+                     f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds; a lower bound, since a "
                      f"small world's steps are dominated by fixed costs a large one amortises): {cmd}, or "
                      "`--device cuda`.")
     return "\n".join(lines) if lines else "Every pool part has run."

@@ -83,3 +83,46 @@ def test_at_the_threshold_the_default_regime_memorises_without_the_geometry_and_
     assert default["r2_heldout"] < 0.6
     assert geo["train_accuracy"] < 0.6
     assert geo["r2_heldout"] > 0.9
+
+
+def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_is_missing(tmp_path):
+    """The width part's records (searched: mlp-width) go to their own table, never into the d* fits; a setting
+    never reached is "> grid max" and has no median; the frozen / trainable ratio is of the medians; an unfinished
+    part is named with its count and a missing one gets a cost scaled from the finished part of its kind."""
+    from synthetic.facts_study import PARTS
+
+    src = tmp_path / "src"
+    d_part, w_part = src / "capacity" / "pool_N256", src / "capacity" / "pool_N256_width"
+    d_recs = [{"subjects": 256, "relations": r, "attributes": 16, "embeddings": "trainable", "seed": s,
+               "threshold": t, "searched": "d", "r_log_n": r * 5.545, "r_log_a": r * 2.773, "n_facts": 256 * r}
+              for r, ts in ((2, (3, 3)), (4, (5, 6))) for s, t in enumerate(ts)]
+    w = {("trainable", 2): (2, 2), ("frozen", 2): (64, 128), ("frozen-input", 2): (64, 64),
+         ("trainable", 4): (4, 4), ("frozen", 4): (256, None), ("frozen-input", 4): (128, 256)}
+    w_recs = [{"subjects": 256, "relations": r, "attributes": 16, "embeddings": e, "seed": s, "threshold": t,
+               "searched": "mlp-width", "mlp_width": t, "d": 16, "r_log_n": r * 5.545, "r_log_a": r * 2.773,
+               "n_facts": 256 * r} for (e, r), ts in w.items() for s, t in enumerate(ts)]
+    for folder, recs, cfg in ((d_part, d_recs, {"grid": [1, 2, 3, 4, 5, 6], "d": 64}),
+                              (w_part, w_recs, {"grid": [2, 4, 2048], "d": 16})):
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps({"thresholds": recs}))
+        (folder / "config.json").write_text(json.dumps({"config": cfg}))
+        (folder / "meta.json").write_text(json.dumps({"wall_time_s": 1800.0}))
+    (src / "capacity" / "pool_N1024").mkdir()
+    (src / "capacity" / "pool_N1024" / "result.json").write_text(json.dumps({"thresholds": [
+        {**t, "subjects": 1024, "r_log_n": t["relations"] * 6.931, "n_facts": 1024 * t["relations"]}
+        for t in d_recs[:3]]}))
+    recs, parts = T.pool_thresholds(src)
+    assert parts == ["pool_N1024", "pool_N256"] and all(t["searched"] == "d" for t in recs)
+    T.write_doc(src, tmp_path / "page.md")
+    page = (tmp_path / "page.md").read_text()
+    assert "| N | R | A | N R | m* trainable (median) | m* frozen-input (median) | m* frozen (median) | " \
+           "frozen / trainable |" in page
+    assert "| 256 | 2 | 16 | 512 | 2, 2 (2) | 64, 64 (64) | 64, 128 (96) | 48x |" in page
+    assert "| 256 | 4 | 16 | 1024 | 4, 4 (4) | 128, 256 (192) | 256, > 2048 (—) | — |" in page
+    # m* never enters the d* table: the d* rows are the d part's (and the unfinished N = 1024 part's) only
+    assert "| 256 | 4 | 16 | 22.2 | 11.1 | 5, 6 | 5.5 | 0.50 |" in page and "| 1024 | 4 | 16 | 27.7 | 11.1 | 5 | 5 |" in page
+    assert "11.1 | 4, 4" not in page
+    assert "- `pool_N1024`: unfinished, 3 thresholds so far" in page
+    s256, s4096 = (int(PARTS[p][PARTS[p].index("--seeds") + 1]) for p in ("pool_N256", "pool_N4096"))
+    assert f"- `pool_N4096`: at least {1800 * 16 * s4096 / s256 / 3600:.0f} CPU hours" in page
+    assert "`pool_N256_width`" not in page.split("## Not run here")[1]
