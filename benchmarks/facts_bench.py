@@ -10,7 +10,11 @@ Prints, measured side by side in one run with one thread count:
      cross-entropy, over the step time with mechfact's chunked
      ``linear_cross_entropy`` (what training uses), and the share of the dense
      step spent in the N-way softmax cross-entropy (memory-bound: why the chunked
-     form, whose working set stays in cache, pays off as N grows).
+     form, whose working set stays in cache, pays off as N grows);
+  4. the step time with the block run at every position (``final_resid``, then
+     the supervised rows) over the step with the block run at the supervised
+     last position only (``FactModel.supervised_resid``, what training uses):
+     the baseline a hand-written one-layer model would have.
 
 Steps and the peak matmul are timed in turns (interleaved repeats, medians of
 the per-repeat ratios), so the load of other jobs cancels; denormals are
@@ -38,6 +42,7 @@ import torch.nn.functional as F  # noqa: E402
 from mechfact.device import flush_denormals, resolve_device  # noqa: E402
 from mechfact.facts import FactModel, FactModelConfig, FactWorld  # noqa: E402
 from mechfact.facts.evaluate import supervised_logits  # noqa: E402
+from mechfact.facts.losses import linear_cross_entropy  # noqa: E402
 from mechfact.facts.train import loss_fn  # noqa: E402
 from mechfact.facts.world import IGNORE  # noqa: E402
 
@@ -46,40 +51,44 @@ from memory_bench import _sync, matmul_peak  # noqa: E402  (same folder)
 GOAL_PEAK = 0.5  # >= 0.5 of the float32 matmul peak at N >= 1024
 
 
-def step_flops(cfg: FactModelConfig, n_queries: int, seq: int = 2) -> float:
-    """Matmul FLOPs of one forward+backward step (backward ~ 2x forward)."""
-    d, m, N = cfg.d, cfg.mlp_width, cfg.n_entities
+def step_flops(cfg: FactModelConfig, n_queries: int, seq: int = 1) -> float:
+    """Matmul FLOPs of one forward+backward step (backward ~ 2x forward) with the block run at ``seq`` positions
+    per query (training runs it at the supervised last position only: ``seq = 1``)."""
+    d, m, N = cfg.d, cfg.mlp_width, cfg.outputs
     per_token = 2 * (2 * d * d) + 2 * (2 * d * m)  # OV of the head, MLP in+out
     fwd = n_queries * (seq * per_token + 2 * d * N)  # unembedding at the supervised position only
     return 3.0 * fwd
 
 
-def bench(N: int, R: int, d: int, m: int, dev, steps: int, reps: int) -> dict:
-    world = FactWorld(N, R, 0)
-    model = FactModel(FactModelConfig(N, R, d=d, mlp_width=m)).to(dev)
+def bench(N: int, R: int, d: int, m: int, dev, steps: int, reps: int, A: int = 0) -> dict:
+    """One setting; ``A`` > 0: an attribute-pool world scored over its A attributes (the default there)."""
+    world = FactWorld(N, R, 0, attributes=A or None)
+    model = FactModel(FactModelConfig(N, R, d=d, mlp_width=m, n_outputs=A)).to(dev)
     q = world.single_hop()
     tokens, targets = q.tokens.to(dev), q.targets.to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 
     sup = targets != IGNORE
 
-    def step(dense: bool = False):
+    def step(mode: str = "last"):
         opt.zero_grad(set_to_none=True)
-        if dense:  # the (queries, N) logits materialised, as before mechfact.facts.losses
+        if mode == "dense":  # the (queries, N) logits materialised, as before mechfact.facts.losses
             F.cross_entropy(supervised_logits(model, tokens, sup), targets[sup]).backward()
+        elif mode == "full":  # the block at every position, then the supervised rows
+            linear_cross_entropy(model.final_resid(tokens)[sup], model.W_U, targets[sup]).backward()
         else:
             loss_fn(model, tokens, targets).backward()
         opt.step()
 
-    def timed(dense: bool) -> float:
+    def timed(mode: str) -> float:
         _sync(dev)
         t = time.perf_counter()
         for _ in range(steps):
-            step(dense)
+            step(mode)
         _sync(dev)
         return (time.perf_counter() - t) / steps
 
-    logits = torch.randn(len(q), N, device=dev, requires_grad=True)  # the CE alone, same shape
+    logits = torch.randn(len(q), model.cfg.outputs, device=dev, requires_grad=True)  # the CE alone, same shape
     tg = targets[:, -1]
 
     def ce() -> float:
@@ -90,18 +99,20 @@ def bench(N: int, R: int, d: int, m: int, dev, steps: int, reps: int) -> dict:
         _sync(dev)
         return (time.perf_counter() - t) / steps
 
-    step(False), step(True)  # warm-up
-    dts, denses, ces, peaks = [], [], [], []
-    for _ in range(reps):  # in turns: the peak, the chunked step, the dense step, the CE alone
+    step("last"), step("dense"), step("full")  # warm-up
+    dts, denses, fulls, ces, peaks = [], [], [], [], []
+    for _ in range(reps):  # in turns: the peak, the chunked step, the dense step, the full-forward step, the CE
         peaks.append(matmul_peak(dev))
-        dts.append(timed(False))
-        denses.append(timed(True))
+        dts.append(timed("last"))
+        denses.append(timed("dense"))
+        fulls.append(timed("full"))
         ces.append(ce())
     dt, flops = statistics.median(dts), step_flops(model.cfg, len(q))
-    return {"N": N, "R": R, "d": d, "m": m, "queries": len(q), "s_per_step": dt, "examples_per_s": len(q) / dt,
+    return {"N": N, "R": R, "A": A or N, "d": d, "m": m, "queries": len(q), "s_per_step": dt, "examples_per_s": len(q) / dt,
             "flop_per_s": flops / dt, "peak_flop_per_s": statistics.median(peaks),
             "fraction_of_peak": statistics.median(flops / t / pk for t, pk in zip(dts, peaks)),
             "dense_over_chunked": statistics.median(a / b for a, b in zip(denses, dts)),
+            "full_over_last": statistics.median(a / b for a, b in zip(fulls, dts)),
             "ce_share_dense": min(1.0, statistics.median(c / a for c, a in zip(ces, denses)))}
 
 
@@ -115,18 +126,20 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     flush_denormals()
     dev = resolve_device(a.device)
-    rows = [bench(N, R, d, 64, dev, a.steps, a.reps)
-            for N, R, d in ((256, 4, 16), (1024, 4, 16), (1024, 4, 32), (1024, 8, 32), (4096, 4, 32))]
+    rows = [bench(N, R, d, 64, dev, a.steps, a.reps, A)
+            for N, R, d, A in ((256, 4, 16, 0), (1024, 4, 16, 0), (1024, 4, 32, 0), (1024, 8, 32, 0), (4096, 4, 32, 0),
+                               (1024, 8, 16, 64), (4096, 8, 24, 64), (4096, 16, 32, 64))]
     peak = statistics.median(r["peak_flop_per_s"] for r in rows)
     print(f"device {dev}, threads {a.threads}, float32 matmul peak {peak / 1e9:.1f} GFLOP/s (median over the run), "
           f"load average {os.getloadavg()[0]:.2f}")
-    print(f"{'N':>5} {'R':>2} {'d':>3} {'queries':>8} {'ms/step':>8} {'examples/s':>11} {'GFLOP/s':>8} "
-          f"{'/ peak':>7} {'dense/chunked':>13} {'CE share (dense)':>16}  goal (/ peak >= {GOAL_PEAK:g} at N >= 1024)")
+    print(f"{'N':>5} {'R':>2} {'A':>5} {'d':>3} {'queries':>8} {'ms/step':>8} {'examples/s':>11} {'GFLOP/s':>8} "
+          f"{'/ peak':>7} {'dense/chunked':>13} {'CE share (dense)':>16} {'all pos/last':>12}  "
+          f"goal (/ peak >= {GOAL_PEAK:g} at N >= 1024)")
     for r in rows:
         goal = "-" if r["N"] < 1024 else ("goal met" if r["fraction_of_peak"] >= GOAL_PEAK else "goal NOT met")
-        print(f"{r['N']:>5} {r['R']:>2} {r['d']:>3} {r['queries']:>8} {1e3 * r['s_per_step']:>8.1f} "
+        print(f"{r['N']:>5} {r['R']:>2} {r['A']:>5} {r['d']:>3} {r['queries']:>8} {1e3 * r['s_per_step']:>8.1f} "
               f"{r['examples_per_s']:>11.0f} {r['flop_per_s'] / 1e9:>8.2f} {r['fraction_of_peak']:>7.3f} "
-              f"{r['dense_over_chunked']:>13.2f} {r['ce_share_dense']:>16.2f}  {goal}")
+              f"{r['dense_over_chunked']:>13.2f} {r['ce_share_dense']:>16.2f} {r['full_over_last']:>12.2f}  {goal}")
     print(json.dumps({"device": str(dev), "threads": a.threads, "matmul_peak_flop_per_s": peak, "rows": rows}))
 
 

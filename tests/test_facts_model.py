@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mechfact import hooks
-from mechfact.facts.model import FactModel, FactModelConfig
+from mechfact.facts.model import FactModel, FactModelConfig, build_fact_model
 from mechfact.facts.train import loss_fn
 from mechfact.facts.world import FactWorld
 
@@ -274,3 +274,36 @@ def test_entity_init_scale_scales_the_normal_draw_only():
     for bad in (0, -1.0, float("nan"), True):
         with pytest.raises(ValueError, match=rf"entity_init_scale={bad!r}: must be a finite number > 0"):
             FactModelConfig(32, 2, entity_init_scale=bad)
+
+
+@pytest.mark.parametrize("attention", ["uniform", "learned"])
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_supervised_resid_runs_the_block_at_the_last_position_only_with_the_full_forwards_numbers(attention,
+                                                                                                  layer_norm):
+    """Single-hop and direct multi-hop queries are supervised at their last position only: the block runs there
+    alone, with the values and gradients of the full forward (up to float rounding); chain-of-thought queries
+    (several supervised positions) and any model with a hook attached take the full forward, where the hook
+    sees every position."""
+    from mechfact.facts.world import IGNORE
+
+    w = FactWorld(32, 3, seed=0)
+    for hops, cot in ((1, False), (3, False), (2, True)):
+        model = build_fact_model(w, d=16, mlp_width=32, seed=1, attention=attention, layer_norm=layer_norm,
+                                 hops=hops, cot=cot)
+        q = w.single_hop() if hops == 1 else w.k_hop(hops, cot=cot)
+        sup = q.targets != IGNORE
+        full = model.final_resid(q.tokens)[sup]
+        (gf,) = torch.autograd.grad(full.square().sum(), model.W_E_ent)
+        fast = model.supervised_resid(q.tokens, sup)
+        (gs,) = torch.autograd.grad(fast.square().sum(), model.W_E_ent)
+        assert fast.shape == full.shape == (int(sup.sum()), 16)
+        assert torch.allclose(fast, full, atol=1e-5) and torch.allclose(gs, gf, atol=1e-4)
+    model = build_fact_model(w, d=16, mlp_width=32, seed=1, attention=attention, layer_norm=layer_norm)
+    q = w.single_hop()
+    sup = q.targets != IGNORE
+    seen = []
+    model.blocks[0].mlp.hook_post.add_hook(lambda t, hook: seen.append(tuple(t.shape)) or t * 0)
+    ablated = model.supervised_resid(q.tokens, sup)
+    assert seen == [(len(q), 2, 32)]  # the full forward ran, at every position
+    model.reset_hooks()
+    assert not torch.allclose(ablated, model.supervised_resid(q.tokens, sup))  # the ablation took effect

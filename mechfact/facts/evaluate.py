@@ -46,8 +46,8 @@ def supervised_logits(model: nn.Module, tokens: Tensor, supervised: Tensor) -> T
     A FactModel unembeds just those positions (the unembedding dominates the
     cost for large N); any other module is run in full and indexed.
     """
-    if hasattr(model, "final_resid"):
-        return model.final_resid(tokens)[supervised] @ model.W_U
+    if hasattr(model, "supervised_resid"):
+        return model.supervised_resid(tokens, supervised) @ model.W_U
     return model(tokens)[supervised]
 
 

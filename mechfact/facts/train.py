@@ -145,8 +145,8 @@ def loss_fn(model: FactModel, tokens: torch.Tensor, targets: torch.Tensor, loss:
     """Mean loss over supervised positions (only those are unembedded): cross-entropy, or for ``loss="mse"``
     the squared error of the entity logits against ``target_logit`` on the answer and 0 elsewhere."""
     sup = targets != IGNORE
-    if hasattr(model, "final_resid"):  # never materialises the (queries, N) logits
-        h = model.final_resid(tokens)[sup]
+    if hasattr(model, "supervised_resid"):  # never materialises the (queries, N) logits
+        h = model.supervised_resid(tokens, sup)
         if loss == "mse":
             return linear_squared_error(h, model.W_U, targets[sup], target_logit)
         return linear_cross_entropy(h, model.W_U, targets[sup])
