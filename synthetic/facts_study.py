@@ -63,6 +63,10 @@ PARTS: dict[str, list[str]] = {
     **{f"pool_N{N}": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16", "64",
                       "256", "--outputs", "attributes", "--grid", *POOL_GRID, "--steps", "2000", *COS, "--seeds",
                       "2" if N == 4096 else "3"] for N in (256, 1024, 4096)},
+    # the budget: 4x the steps on a grid just below the 2000-step thresholds (R = 8, A = 64): does d* move?
+    **{f"pool_N{N}_8k": ["capacity", "--subjects", str(N), "--relations", "8", "--attributes", "64", "--outputs",
+                         "attributes", "--grid", *grid, "--steps", "8000", *COS, "--seeds", "3"]
+       for N, grid in ((256, "8 10 12".split()), (1024, "12 14 16 20".split()))},
     # the same worlds with fixed entity embeddings: the MLP width m* at d = 16. trainable: the embeddings can store
     # the facts; frozen-input: the subjects' input embeddings fixed, the A-way unembedding and the MLP learn (with
     # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed

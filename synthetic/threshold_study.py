@@ -205,13 +205,18 @@ def export(capacity_runs: Path, threshold_runs: Path, dest: Path) -> int:
     return n
 
 
-def pool_thresholds(src: Path, searched: str = "d") -> tuple[list[dict], list[str]]:
-    """The threshold records of the pool capacity runs under ``src/capacity`` that searched ``searched``: for
-    ``d`` (d*) the trainable-embedding ones, for ``mlp-width`` (m*) every embedding regime; and the parts read."""
+def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[list[dict], list[str]]:
+    """The threshold records of the pool capacity parts ``pool_N<N><suffix>`` under ``src/capacity`` that searched
+    ``searched``: for ``d`` (d*) the trainable-embedding ones, for ``mlp-width`` (m*) every embedding regime; and
+    the parts read. ``suffix`` "": the 2000-step d* parts; "_8k": the budget check; "_width": m*."""
+    import re
+
     from mechfact.runs import read_json
 
     recs, parts = [], []
     for f in sorted((src / "capacity").glob("pool_N*/result.json")):
+        if not re.fullmatch(r"pool_N\d+" + re.escape(suffix), f.parent.name):
+            continue
         got = [t for t in read_json(f)["thresholds"] if t.get("searched", "d") == searched
                and (searched != "d" or t["embeddings"] == "trainable")]
         if got:
@@ -350,6 +355,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the "
            "N = 1024 and 4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
         "![d* in pool worlds](img/dstar_pool.png)", "",
+        *_budget_section(src, recs),
         *_width_section(src),
         "## 2. The mechanism at the threshold", "",
         "For each world and regime, a model trained at d = ceil(f d*) for f = 1, 1.5, 3 (d*: the median of "
@@ -388,11 +394,51 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
             regime_map.figure(map_rows, img / "regime_map.png")
 
 
+def _budget_section(src: Path, base: list[dict]) -> list[str]:
+    """Section 1a: d* with 4x the steps (the pool_N*_8k parts) beside the 2000-step d* of the same worlds and
+    seeds (nothing without)."""
+    from mechfact.runs import read_json
+
+    recs, parts = pool_thresholds(src, "d", "_8k")
+    if not recs:
+        return []
+    steps = {p: read_json(src / "capacity" / p / "config.json")["config"]["train"]["steps"] for p in parts}
+    grids = {p: read_json(src / "capacity" / p / "config.json")["config"]["grid"] for p in parts}
+    two_k = {(t["subjects"], t["relations"], t["attributes"], t["seed"]): t["threshold"] for t in base}
+    lines = ["| N | R | A | grid | d* per seed, 2000 steps | d* per seed, " + "/".join(f"{v}" for v in sorted(set(
+        steps.values()))) + " steps | moved |", "|---|---|---|---|---|---|---|"]
+    cells: dict[tuple, list] = {}
+    for p in parts:
+        for t in read_json(src / "capacity" / p / "result.json")["thresholds"]:
+            if t["embeddings"] == "trainable":
+                cells.setdefault((t["subjects"], t["relations"], t["attributes"], p), []).append(t)
+    for (n, r, a, p), ts in sorted(cells.items()):
+        ts = sorted(ts, key=lambda t: t["seed"])
+        short = [two_k.get((n, r, a, t["seed"])) for t in ts]
+        lo = min(grids[p])
+
+        def shown(t):
+            if t["threshold"] is None:
+                return f"> {max(grids[p])}"
+            return f"<= {lo}" if t.get("at_grid_min") else str(t["threshold"])
+
+        moved = sum(1 for t, b in zip(ts, short) if b is not None and t["threshold"] is not None
+                    and t["threshold"] < b)
+        lines.append(f"| {n} | {r} | {a} | {', '.join(map(str, grids[p]))} | "
+                     f"{', '.join('—' if b is None else str(b) for b in short)} | {', '.join(map(shown, ts))} | "
+                     f"{moved} of {len(ts)} seeds lower |")
+    return ["### The step budget", "",
+            f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the same worlds and seeds "
+            "with 4x the steps (same schedule stretched, still stopped at 99%), on a grid that starts below the "
+            "2000-step thresholds. `<= g`: reached at the grid's smallest value (the threshold is at most g).", "",
+            *lines, ""]
+
+
 def _width_section(src: Path) -> list[str]:
     """Section 1b: m* with fixed entity embeddings, from the pool_N*_width parts (nothing without)."""
     from mechfact.runs import read_json
 
-    recs, parts = pool_thresholds(src, "mlp-width")
+    recs, parts = pool_thresholds(src, "mlp-width", "_width")
     if not recs:
         return []
     cfgs = [read_json(src / "capacity" / p / "config.json")["config"] for p in parts]

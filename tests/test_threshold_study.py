@@ -107,6 +107,11 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
         (folder / "result.json").write_text(json.dumps({"thresholds": recs}))
         (folder / "config.json").write_text(json.dumps({"config": cfg}))
         (folder / "meta.json").write_text(json.dumps({"wall_time_s": 1800.0}))
+    b_part = src / "capacity" / "pool_N256_8k"  # the budget check: 4x the steps on a grid below the thresholds
+    b_part.mkdir()
+    (b_part / "result.json").write_text(json.dumps({"thresholds": [
+        {**d_recs[2], "threshold": 4, "at_grid_min": True}, {**d_recs[3], "threshold": 5}]}))
+    (b_part / "config.json").write_text(json.dumps({"config": {"grid": [4, 5], "d": 64, "train": {"steps": 8000}}}))
     (src / "capacity" / "pool_N1024").mkdir()
     (src / "capacity" / "pool_N1024" / "result.json").write_text(json.dumps({"thresholds": [
         {**t, "subjects": 1024, "r_log_n": t["relations"] * 6.931, "n_facts": 1024 * t["relations"]}
@@ -123,6 +128,8 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
     assert "| 256 | 4 | 16 | 22.2 | 11.1 | 5, 6 | 5.5 | 0.50 |" in page and "| 1024 | 4 | 16 | 27.7 | 11.1 | 5 | 5 |" in page
     assert "11.1 | 4, 4" not in page
     assert "- `pool_N1024`: unfinished, 3 thresholds so far" in page
+    assert "| N | R | A | grid | d* per seed, 2000 steps | d* per seed, 8000 steps | moved |" in page
+    assert "| 256 | 4 | 16 | 4, 5 | 5, 6 | <= 4, 5 | 2 of 2 seeds lower |" in page
     s256, s4096 = (int(PARTS[p][PARTS[p].index("--seeds") + 1]) for p in ("pool_N256", "pool_N4096"))
     assert f"- `pool_N4096`: at least {1800 * 16 * s4096 / s256 / 3600:.0f} CPU hours" in page
     assert "`pool_N256_width`" not in page.split("## Not run here")[1]
