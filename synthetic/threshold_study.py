@@ -350,6 +350,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         "decay, 2000 steps, stopped at 99%).", "",
         "## 1. The width threshold d*", "",
         dstar_table(summ) if summ else "(no capacity runs)", "",
+        *_power_line(recs),
         "Intervals: 95% bootstrap over seeds (each seed's world and initialisation resampled whole). `<=`: the "
         "threshold sat at the grid's smallest value in some seed. "
         + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the "
@@ -392,6 +393,31 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
             figure(rows, img / "threshold.png")
         if map_rows:
             regime_map.figure(map_rows, img / "regime_map.png")
+
+
+def _power_line(recs: list[dict]) -> list[str]:
+    """The power-law fit of d* (:func:`mechfact.facts.capacity.power_law_fit`) as one paragraph (nothing when the
+    settings cannot determine it)."""
+    import math
+
+    from mechfact.facts.capacity import power_law_fit
+
+    fit = power_law_fit(recs) if recs else {}
+    if not fit:
+        return []
+    ns = sorted({t["subjects"] for t in recs})
+    parts = []
+    for name, e in fit["exponents"].items():
+        lo, hi = e["ci"]
+        parts.append(f"{name}^{e['value']:.2f}" + ("" if lo is None else f" [{lo:.2f}, {hi:.2f}]"))
+    text = (f"Power law over the {fit['n_points']} settings whose every seed reached above the grid's smallest value "
+            f"(least squares on logs of the medians, 95% bootstrap over seeds): d* ~ {' '.join(parts)} "
+            f"(R^2 {fit['r2']:.2f}). Theta(R ln N) predicts an exponent 1 on R, 0 on A")
+    if "N" in fit["exponents"]:
+        local = math.log(math.log(ns[-1]) / math.log(ns[0])) / math.log(ns[-1] / ns[0])
+        text += (f" and {local:.2f} on N between N = {ns[0]} and {ns[-1]} (the slope of ln ln N); d* proportional to "
+                 "the facts N R predicts 1 on N")
+    return [text + ".", ""]
 
 
 def _budget_section(src: Path, base: list[dict]) -> list[str]:

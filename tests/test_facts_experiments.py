@@ -268,3 +268,32 @@ def test_capacity_refuses_a_pool_larger_than_the_subjects():
     with pytest.raises(ValueError, match=r"--attributes 512: a pool is entities 0\.\.A-1, so A must be <= the "
                                          r"smallest --subjects \(256\)"):
         ex.FactsCapacityConfig(subjects=[256, 1024], attributes=[16, 512])
+
+
+def test_the_power_law_fit_recovers_the_exponents_and_drops_bounds_and_constant_factors():
+    """d* = C R^a N^b A^c on logs of the medians: exact data give the exponents back (R ln N-like against N R-like
+    growth tell apart by the N exponent); a setting with a seed at the grid's smallest value is a bound and left
+    out; with one N there is no N exponent."""
+    from mechfact.facts.capacity import power_law_fit
+
+    def recs(f, ns=(256, 1024)):
+        return [{"subjects": n, "relations": r, "attributes": a, "embeddings": "trainable", "seed": s,
+                 "threshold": f(n, r, a) * (1 + 0.01 * s)} for n in ns for r in (2, 4, 8) for a in (16, 64)
+                for s in range(3)]
+
+    facts = power_law_fit(recs(lambda n, r, a: 0.01 * n * r))
+    assert facts["exponents"]["N"]["value"] == pytest.approx(1.0, abs=1e-6)
+    assert facts["exponents"]["R"]["value"] == pytest.approx(1.0, abs=1e-6)
+    assert facts["exponents"]["A"]["value"] == pytest.approx(0.0, abs=1e-6)
+    lo, hi = facts["exponents"]["N"]["ci"]
+    assert lo <= 1.0 <= hi and facts["r2"] == pytest.approx(1.0) and facts["n_points"] == 12
+    logn = power_law_fit(recs(lambda n, r, a: 0.3 * r * math.log(n) * a ** 0.25))
+    assert logn["exponents"]["N"]["value"] == pytest.approx(math.log(math.log(1024) / math.log(256)) / math.log(4),
+                                                            abs=1e-6)
+    assert logn["exponents"]["A"]["value"] == pytest.approx(0.25, abs=1e-6)
+    bounded = recs(lambda n, r, a: 0.01 * n * r)
+    bounded[0] = {**bounded[0], "threshold": 1000.0, "at_grid_min": True}  # a wild bound would skew the fit
+    assert power_law_fit(bounded)["n_points"] == 11
+    assert power_law_fit(bounded)["exponents"]["N"]["value"] == pytest.approx(1.0, abs=1e-6)
+    one_n = power_law_fit(recs(lambda n, r, a: 0.5 * r, ns=(256,)))
+    assert set(one_n["exponents"]) == {"R", "A"} and power_law_fit([]) == {}

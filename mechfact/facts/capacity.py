@@ -172,6 +172,53 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
     return {"table": table, "fits": fits}
 
 
+POWER_FACTORS = (("relations", "R"), ("subjects", "N"), ("attributes", "A"))
+
+
+def power_law_fit(thresholds: list[dict]) -> dict:
+    """d* = C R^a N^b A^c: least squares of ln(median threshold) on ln R, ln N, ln A over the settings whose every
+    seed reached above the grid's smallest value (a bound is not a value), each exponent with a 95% bootstrap
+    interval over seeds (a seed's thresholds resampled together). A factor that takes one value is left out.
+    Theta(R ln N) predicts a = 1, c = 0 and b = the local slope of ln ln N (about 1 / ln N); N R predicts b = 1.
+    Returns ``{"exponents": {"R": {"value", "ci"}, ...}, "r2", "n_points"}`` (empty without two settings)."""
+    from ..stats import bootstrap
+
+    rows = [t for t in thresholds if t["embeddings"] == "trainable"]
+    bad = {_key(t) for t in rows if t["threshold"] is None or t.get("at_grid_min")}
+    rows = [t for t in rows if _key(t) not in bad]
+    names = [(k, n) for k, n in POWER_FACTORS if len({t.get(k, t["subjects"]) for t in rows}) >= 2]
+    if len({_key(t) for t in rows}) < len(names) + 1 or not names:
+        return {}
+
+    def fit(idx: np.ndarray) -> tuple[np.ndarray, float, int]:
+        med: dict[tuple, list] = {}
+        for i in idx.astype(int):
+            med.setdefault(_key(rows[i]), []).append(rows[i]["threshold"])
+        keys = sorted(med)
+        cols = {"relations": 1, "subjects": 0, "attributes": 2}
+        X = np.array([[1.0] + [math.log(k[cols[c]]) for c, _ in names] for k in keys])
+        y = np.log([float(np.median(med[k])) for k in keys])
+        if np.linalg.matrix_rank(X) < X.shape[1]:
+            return np.full(len(names), np.nan), float("nan"), len(keys)
+        beta = np.linalg.lstsq(X, y, rcond=None)[0]
+        resid = y - X @ beta
+        ss = float(np.sum((y - y.mean()) ** 2))
+        return beta[1:], (1 - float(resid @ resid) / ss) if ss > 0 else float("nan"), len(keys)
+
+    idx = np.arange(len(rows))
+    clusters = [t["seed"] for t in rows]
+    beta, r2, n_points = fit(idx)
+    out = {"exponents": {}, "r2": r2, "n_points": n_points}
+    for j, (_, name) in enumerate(names):
+        est = bootstrap(idx, lambda ix, j=j: float(fit(ix)[0][j]), clusters=clusters, n_boot=500)
+        out["exponents"][name] = {"value": float(beta[j]), "ci": est.to_dict()["ci"]}
+    return out
+
+
+def _key(t: dict) -> tuple[int, int, int]:
+    return t["subjects"], t["relations"], t.get("attributes", t["subjects"])
+
+
 def _slope_interval(thresholds: list[dict], xname: str):
     """Bootstrap over seeds of the least-squares slope of the per-setting median thresholds against ``xname``."""
     from ..stats import bootstrap
