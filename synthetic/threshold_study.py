@@ -340,8 +340,8 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         "This page is written by `python -m synthetic.threshold_study --out docs/runs/pool --doc "
         "docs/results_pool.md` from the run files under `docs/runs/pool` alone. They come from "
         f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts) or 'pool_N256'}` (the "
-        "thresholds), `python -m synthetic.threshold_study --out runs/threshold --capacity runs/facts/pool_N256 "
-        "--relations R --attributes A` (the mechanism at d*, 1.5 d* and 3 d*) and `python -m "
+        "thresholds), `python -m synthetic.threshold_study --out runs/threshold --subjects N --relations R "
+        "--attributes A --capacity runs/facts/pool_N<N>` (the mechanism at d*, 1.5 d* and 3 d*) and `python -m "
         "synthetic.threshold_study --out runs/threshold --capacity-runs runs/facts --export docs/runs/pool`.", "",
         "The paper's setting: N subjects, R relations, each mapping every subject into a shared pool of A "
         "attributes (A = N: every relation a bijection, the setting of `results_facts.md`); the one-layer fact "
@@ -566,17 +566,18 @@ def _reading(rows: list[dict]) -> str:
     zero-shot accuracy both >= GEOMETRIC), with the medians."""
     out = [f"Models showing the geometric mechanism (held-out R^2 >= {GEOMETRIC} and zero-shot accuracy >= "
            f"{GEOMETRIC}), over every world and seed:", ""]
-    for regime in REGIMES:
+    ns = sorted({r["subjects"] for r in rows})
+    for regime, n in ((g, n) for g in REGIMES for n in ns):
         parts = []
-        for f in sorted({r["factor"] for r in rows if r["regime"] == regime}):
-            g = [r for r in rows if r["regime"] == regime and r["factor"] == f]
+        for f in sorted({r["factor"] for r in rows if r["regime"] == regime and r["subjects"] == n}):
+            g = [r for r in rows if r["regime"] == regime and r["factor"] == f and r["subjects"] == n]
             k = sum(r["r2_heldout"] >= GEOMETRIC and r["zero_shot_accuracy"] >= GEOMETRIC for r in g)
             parts.append(f"{f:g} d*: {k} of {len(g)} (train accuracy "
                          f"{statistics.median(r['train_accuracy'] for r in g):.2f}, "
                          f"R^2 {statistics.median(r['r2_heldout'] for r in g):.2f}, "
                          f"zero-shot {statistics.median(r['zero_shot_accuracy'] for r in g):.2f})")
         if parts:
-            out.append(f"- {regime}: " + "; ".join(parts) + ".")
+            out.append(f"- {regime}" + (f", N = {n}" if len(ns) > 1 else "") + ": " + "; ".join(parts) + ".")
     return "\n".join(out)
 
 
