@@ -230,6 +230,21 @@ def _same_config(old: Any, new: Any) -> bool:
     return old == new
 
 
+ELAPSED = ".elapsed.json"  # the run's wall time so far, rewritten with every result.json
+
+
+def _prior_wall_time(path: Path) -> float:
+    """Wall seconds spent on the run in ``path`` by earlier processes: the larger of the progress file's and a
+    finished run's meta.json figure (0 for a fresh folder, or an unreadable file)."""
+    best = 0.0
+    for name in (ELAPSED, "meta.json"):
+        try:
+            best = max(best, float(read_json(path / name).get("wall_time_s", 0.0)))
+        except (FileNotFoundError, CorruptFile, AttributeError, TypeError, ValueError):
+            continue
+    return best
+
+
 class RunDir:
     """A run directory with the standard files and ONE config.json layout.
 
@@ -242,6 +257,7 @@ class RunDir:
 
     def __init__(self, out: str | os.PathLike, config: Any, *, kind: str, seed: int, device: str,
                  **identity: Any):
+        self._prior_s = 0.0
         self.path = check_writable(out)
         self.kind = kind
         self.seed = seed
@@ -267,6 +283,7 @@ class RunDir:
                     raise ValueError(f"--out {self.path}: holds a run with a different config; use another --out or "
                                      f"delete it (differs in: {', '.join(keys)})")
                 self.config = old  # options added to mechfact since keep the run's own config and hash
+            self._prior_s = _prior_wall_time(self.path)
         except BaseException:
             release(self.path)  # refused: the folder is free again
             raise
@@ -309,6 +326,12 @@ class RunDir:
             result.pop("config_sha256", None)
             result["config_sha256"] = self.sha256
         write_json_atomic(self.file("result.json"), result)
+        write_json_atomic(self.path / ELAPSED, {"wall_time_s": self.wall_time_s()})
+
+    def wall_time_s(self) -> float:
+        """Seconds this run has taken: every earlier process that wrote to the folder (an interrupted run resumed,
+        a finished run re-run) plus this one."""
+        return round(self._prior_s + time.time() - self.t0, 3)
 
     def write_meta(self, **extra: Any) -> None:
         meta = {
@@ -317,7 +340,8 @@ class RunDir:
             "device": self.device,
             "git_sha": git_sha(),
             "versions": versions(),
-            "wall_time_s": round(time.time() - self.t0, 3),
+            "wall_time_s": self.wall_time_s(),  # all processes; this one's alone below
+            "wall_time_this_process_s": round(time.time() - self.t0, 3),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **extra,
         }

@@ -93,3 +93,26 @@ def test_a_result_with_a_config_copy_from_before_an_option_was_added_resumes(tmp
     with pytest.raises(CorruptFile, match="key 'rows' is missing"):  # the rest of the shape is still checked
         run.read_result({"model": "", "config": {"a": 1}, "rows": []})
     release(tmp_path)
+
+
+def test_wall_time_adds_up_over_resumes_and_reruns(tmp_path):
+    """meta.json's wall_time_s is the run's whole time: an interrupted run's seconds (kept beside result.json) and
+    a finished run's own figure carry into the process that resumes or re-runs it; this process's share is
+    wall_time_this_process_s."""
+    from mechfact.runs import ELAPSED, RunDir, read_json, release, write_json_atomic
+
+    first = RunDir(tmp_path / "r", {"a": 1}, kind="t", seed=0, device="cpu")
+    first.write_result({"x": 1})
+    assert read_json(tmp_path / "r" / ELAPSED)["wall_time_s"] < 60
+    release(tmp_path / "r")  # interrupted: no meta.json
+    write_json_atomic(tmp_path / "r" / ELAPSED, {"wall_time_s": 100.0})  # as if it had run 100 s
+    resumed = RunDir(tmp_path / "r", {"a": 1}, kind="t", seed=0, device="cpu")
+    resumed.finish({"x": 2})
+    meta = read_json(tmp_path / "r" / "meta.json")
+    assert 100.0 <= meta["wall_time_s"] < 160 and meta["wall_time_this_process_s"] < 60
+    write_json_atomic(tmp_path / "r" / ELAPSED, {"wall_time_s": 0.0})  # only meta.json's figure left
+    RunDir(tmp_path / "r", {"a": 1}, kind="t", seed=0, device="cpu").finish({"x": 2})  # a finished run re-run
+    assert read_json(tmp_path / "r" / "meta.json")["wall_time_s"] >= meta["wall_time_s"]
+    fresh = RunDir(tmp_path / "s", {"a": 1}, kind="t", seed=0, device="cpu")
+    fresh.finish({"x": 1})
+    assert read_json(tmp_path / "s" / "meta.json")["wall_time_s"] < 60
