@@ -76,3 +76,24 @@ def test_geometric_regime_meets_the_papers_bar_in_pool_worlds(one_thread):
         out[name] = (sup.r2_heldout, sw.zero_shot_accuracy)
     assert out["geometric"][0] >= 0.9 and out["geometric"][1] >= 0.8, out
     assert out["plain"][0] <= 0.75 and out["plain"][1] <= 0.7, out
+
+
+def test_the_swap_embedding_hook_follows_the_batches_of_a_large_query_set():
+    """More queries than one batch (N R > 4096 at the pool page's N = 1024, R = 8): each batch writes its own
+    queries' embeddings, so the accuracy is the one-batch accuracy; a per-query hook run on a batch of another
+    size is refused by name."""
+    import torch
+
+    from mechfact.probes.queries import as_probe_set, predictions
+    from mechfact.probes.swap import embedding_hook
+
+    world = FactWorld(64, 4, seed=0, attributes=8)
+    model = FactModel(FactModelConfig(64, 4, d=8, mlp_width=16, n_outputs=8))
+    ps = as_probe_set(world)
+    table = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    hook = embedding_hook(table, ps)
+    whole = predictions(model, ps, [hook], batch_size=len(ps))
+    assert torch.equal(predictions(model, ps, [hook], batch_size=50), whole)  # 256 queries in 6 batches
+    assert not torch.equal(whole, predictions(model, ps))  # the hook changes the answers
+    with pytest.raises(ValueError, match="embedding hook for 256 queries run on a batch of 50"):
+        model.run_with_hooks(ps.tokens[:50], fwd_hooks=[hook])

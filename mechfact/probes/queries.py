@@ -378,12 +378,16 @@ def _write_cache(path, states: list[Tensor], nxt: Tensor) -> None:
 
 @torch.no_grad()
 def predictions(model, ps: ProbeSet, fwd_hooks=(), batch_size: int = 4096) -> Tensor:
-    """Argmax token at each query's answer position (optionally under forward hooks)."""
+    """Argmax token at each query's answer position (optionally under forward hooks). A hook with a
+    ``for_rows(rows)`` method holds one entry per query (e.g. :func:`~mechfact.probes.swap.embedding_hook`): each
+    batch runs ``for_rows`` of its rows; any other hook acts the same on every query."""
     dev = model_device(model)
     preds = []
     for i in range(0, len(ps), batch_size):
         tok = ps.tokens[i: i + batch_size].to(dev)
-        logits = logits_of(model.run_with_hooks(tok, fwd_hooks=list(fwd_hooks)) if fwd_hooks else model(tok))
+        rows = slice(i, i + batch_size)
+        batch_hooks = [(name, fn.for_rows(rows) if hasattr(fn, "for_rows") else fn) for name, fn in fwd_hooks]
+        logits = logits_of(model.run_with_hooks(tok, fwd_hooks=batch_hooks) if fwd_hooks else model(tok))
         rows = torch.arange(tok.shape[0], device=logits.device)
         preds.append(logits[rows, ps.answer_pos[i: i + batch_size].to(logits.device)].argmax(-1).cpu())
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)

@@ -52,16 +52,24 @@ def attribute_vectors(model, n_entities: int) -> torch.Tensor:
 
 
 def embedding_hook(table: torch.Tensor, ps: ProbeSet, idx=slice(None)):
-    """A ``hook_embed`` hook writing ``table[subject]`` at each query's subject position."""
-    subj, pos = ps.subjects[idx], ps.subject_pos[idx]
+    """A ``hook_embed`` hook writing ``table[subject]`` at each query's subject position (the queries ``ps[idx]``,
+    in order). Its ``for_rows(rows)`` is the same hook for the queries ``rows`` of those (what
+    :func:`~mechfact.probes.queries.predictions` runs batch by batch)."""
+    return (hooks.embed(), _embedding_hook(table, ps.subjects[idx], ps.subject_pos[idx]))
 
+
+def _embedding_hook(table: torch.Tensor, subj: torch.Tensor, pos: torch.Tensor):
     def hook(x, hook=None):
+        if x.shape[0] != len(subj):
+            raise ValueError(f"embedding hook for {len(subj)} queries run on a batch of {x.shape[0]}: run it "
+                             "through for_rows(rows) per batch")
         x = x.clone()
         rows = torch.arange(x.shape[0], device=x.device)
         x[rows, pos.to(x.device)] = table[subj.to(table.device)].to(x.dtype)
         return x
 
-    return (hooks.embed(), hook)
+    hook.for_rows = lambda rows: _embedding_hook(table, subj[rows], pos[rows])
+    return hook
 
 
 def retrain_embeddings(model: HookedModel, world: FactWorldLike, init: torch.Tensor, retrain: Retrainer) -> list[dict]:
