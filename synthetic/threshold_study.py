@@ -428,16 +428,16 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
     recs, parts = pool_thresholds(src, "d", "_8k")
     if not recs:
         return []
-    steps = {p: read_json(src / "capacity" / p / "config.json")["config"]["train"]["steps"] for p in parts}
-    grids = {p: read_json(src / "capacity" / p / "config.json")["config"]["grid"] for p in parts}
+    cfgs = {p: read_json(src / "capacity" / p / "config.json")["config"] for p in parts}
+    steps = {p: c["train"]["steps"] for p, c in cfgs.items()}
+    grids = {p: c["grid"] for p, c in cfgs.items()}
     two_k = {(t["subjects"], t["relations"], t["attributes"], t["seed"]): t["threshold"] for t in base}
     lines = ["| N | R | A | grid | d* per seed, 2000 steps | d* per seed, " + "/".join(f"{v}" for v in sorted(set(
         steps.values()))) + " steps | moved |", "|---|---|---|---|---|---|---|"]
     cells: dict[tuple, list] = {}
-    for p in parts:
-        for t in read_json(src / "capacity" / p / "result.json")["thresholds"]:
-            if t["embeddings"] == "trainable":
-                cells.setdefault((t["subjects"], t["relations"], t["attributes"], p), []).append(t)
+    part_of_n = {int(p.split("_")[1][1:]): p for p in parts}  # pool_N<N>_8k: one part per N
+    for t in recs:  # pool_thresholds' records: trainable, searched d
+        cells.setdefault((t["subjects"], t["relations"], t["attributes"], part_of_n[t["subjects"]]), []).append(t)
     for (n, r, a, p), ts in sorted(cells.items()):
         ts = sorted(ts, key=lambda t: t["seed"])
         short = [two_k.get((n, r, a, t["seed"])) for t in ts]
