@@ -63,6 +63,12 @@ PARTS: dict[str, list[str]] = {
     **{f"pool_N{N}": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16", "64",
                       "256", "--outputs", "attributes", "--grid", *POOL_GRID, "--steps", "2000", *COS, "--seeds",
                       "2" if N == 4096 else "3"] for N in (256, 1024, 4096)},
+    # N = 4096 with A = 64 alone (the worlds of the mechanism table) on a grid up to 128, since d* at R = 16 may pass
+    # 64 (48 at N = 1024): the first N = 4096 settings the mechanism needs, on one CPU thread ~2 h; pool_N4096
+    # holds the other pools (the page reads both parts, each setting once)
+    "pool_N4096_A64": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "64",
+                       "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
+                       "--seeds", "2"],
     # the budget: 4x the steps on a grid just below the 2000-step thresholds (R = 8, A = 64): does d* move?
     **{f"pool_N{N}_8k": ["capacity", "--subjects", str(N), "--relations", "8", "--attributes", "64", "--outputs",
                          "attributes", "--grid", *grid, "--steps", "8000", *COS, "--seeds", "3"]

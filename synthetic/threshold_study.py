@@ -213,16 +213,21 @@ def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[l
 
     from mechfact.runs import read_json
 
-    recs, parts = [], []
+    recs: dict[tuple, dict] = {}
+    parts = []
     for f in sorted((src / "capacity").glob("pool_N*/result.json")):
-        if not re.fullmatch(r"pool_N\d+" + re.escape(suffix), f.parent.name):
+        if not re.fullmatch(r"pool_N\d+(_A\d+)?" + re.escape(suffix), f.parent.name):
             continue
         got = [t for t in read_json(f)["thresholds"] if t.get("searched", "d") == searched
                and (searched != "d" or t["embeddings"] == "trainable")]
+        for t in got:  # a setting in two parts (pool_N4096 and pool_N4096_A64): the one that found a threshold
+            key = (t["subjects"], t["relations"], t["attributes"], t["embeddings"], t["seed"],
+                   t.get("d") if searched == "mlp-width" else t.get("mlp_width"))
+            if key not in recs or (recs[key]["threshold"] is None and t["threshold"] is not None):
+                recs[key] = t
         if got:
-            recs += got
             parts.append(f.parent.name)
-    return recs, parts
+    return list(recs.values()), parts
 
 
 WIDTH_REGIMES = ("trainable", "frozen-input", "frozen")

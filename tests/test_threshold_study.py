@@ -133,3 +133,24 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
     s256, s4096 = (int(PARTS[p][PARTS[p].index("--seeds") + 1]) for p in ("pool_N256", "pool_N4096"))
     assert f"- `pool_N4096`: about {1800 * 16 * s4096 / s256 / 3600:.1f} CPU hours" in page
     assert "`pool_N256_width`" not in page.split("## Not run here")[1]
+
+
+def test_a_setting_in_two_pool_parts_is_read_once_preferring_the_one_that_reached(tmp_path):
+    """pool_N4096 and pool_N4096_A64 share the A = 64 settings: the page takes each (N, R, A, seed) once, the record
+    with a threshold over one that never reached within its (smaller) grid; parts of other names are not read."""
+    base = {"subjects": 4096, "attributes": 64, "embeddings": "trainable", "searched": "d", "mlp_width": 64}
+    parts = {"pool_N4096": [{**base, "relations": 16, "seed": 0, "threshold": None, "d": None},
+                            {**base, "relations": 2, "seed": 0, "threshold": 3, "d": 3},
+                            {**base, "relations": 2, "seed": 0, "attributes": 16, "threshold": 2, "d": 2}],
+             "pool_N4096_A64": [{**base, "relations": 16, "seed": 0, "threshold": 80, "d": 80},
+                                {**base, "relations": 2, "seed": 0, "threshold": 3, "d": 3}],
+             "pool_N4096_A64_8k": [{**base, "relations": 16, "seed": 0, "threshold": 64, "d": 64}],
+             "pool_N4096_old": [{**base, "relations": 4, "seed": 0, "threshold": 9, "d": 9}]}
+    for name, recs in parts.items():
+        (tmp_path / "capacity" / name).mkdir(parents=True)
+        (tmp_path / "capacity" / name / "result.json").write_text(json.dumps({"thresholds": recs}))
+    recs, names = T.pool_thresholds(tmp_path)
+    assert names == ["pool_N4096", "pool_N4096_A64"]
+    got = sorted((t["relations"], t["attributes"], t["threshold"]) for t in recs)
+    assert got == [(2, 16, 2), (2, 64, 3), (16, 64, 80)]
+    assert [t["threshold"] for t in T.pool_thresholds(tmp_path, "d", "_8k")[0]] == [64]
