@@ -2,6 +2,7 @@
 
     python -m probes.families --run --relations DIR   # runs every missing part into runs/fam (hours on 2 CPU cores)
     python -m probes.families                         # tables (markdown) + figures, from the run folders alone
+    python -m probes.families --run --relations DIR --resume-from docs/runs/fam   # continue the shipped runs
 
 ``DIR`` is the LRE authors' data folder (github evandez/relations, ``data/``: ``factual/`` and ``linguistic/``).
 What it runs, per packaged model (``mechfact llm models``; install lines in the README):
@@ -83,7 +84,7 @@ def run(out: Path, data: Path) -> None:
             subprocess.run(cli + argv + ["--threads", "1", "--quiet", "--out", str(folder)], check=True)
 
 
-RUN_FILES = ("config.json", "result.json", "meta.json")
+RUN_FILES = ("config.json", "result.json", "meta.json", ".elapsed.json")  # .elapsed.json: an unfinished run's time
 DATA_NAME = "evandez-relations/data"  # what an exported config says in place of this machine's data folder
 
 
@@ -117,6 +118,40 @@ def export(out: Path, dest: Path) -> int:
                     tmp.write_text(json.dumps(_portable(_read(folder / name), roots), indent=1) + "\n")
                 n += 1
     return n
+
+
+def resume_shipped(shipped: Path, out: Path, data: Path) -> list[str]:
+    """Copies the run folders of ``shipped`` (written by :func:`export`, e.g. docs/runs/fam) that ``out`` lacks
+    into ``out``, each ``DATA_NAME/<part>`` written back as ``data/<part>`` and each result's config hash
+    recomputed for the config that now names ``data``: the configs are otherwise the shipped ones, so ``--run``
+    then skips the shipped finished runs and continues a stopped one relation by relation, instead of starting
+    over. Folders already in ``out`` are left as they are. Returns the folders copied (``<model>/<run>``)."""
+    from mechfact.runs import config_sha256, write_json_atomic
+
+    def local(x):
+        if isinstance(x, dict):
+            return {k: local(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [local(v) for v in x]
+        if isinstance(x, str) and x.startswith(DATA_NAME + "/") and x[len(DATA_NAME) + 1:] in PARTS:
+            return str(data / x[len(DATA_NAME) + 1:])
+        return x
+
+    copied = []
+    for folder in sorted(p for p in shipped.glob("*/*") if (p / "result.json").is_file()):
+        target = out / folder.relative_to(shipped)
+        if target.exists():
+            continue
+        files = {name: local(_read(folder / name)) for name in RUN_FILES if (folder / name).is_file()}
+        if "config.json" in files and isinstance(files["result.json"], dict) \
+                and "config_sha256" in files["result.json"]:
+            files["result.json"]["config_sha256"] = config_sha256(files["config.json"])
+        for name, value in files.items():  # result.json last: a folder with it is a run (see the glob above)
+            if name != "result.json":
+                write_json_atomic(target / name, value)
+        write_json_atomic(target / "result.json", files["result.json"])
+        copied.append(str(folder.relative_to(shipped)))
+    return copied
 
 
 def readout_table(out: Path) -> str:
@@ -447,11 +482,22 @@ def main(argv=None) -> None:
     ap.add_argument("--relations", default=None, metavar="DIR",
                     help="with --run: the LRE authors' data folder (github evandez/relations, data/), holding "
                          "factual/ and linguistic/")
+    ap.add_argument("--resume-from", default=None, metavar="DIR",
+                    help="with --run: first copy the exported runs in DIR (e.g. docs/runs/fam) that --out lacks, "
+                         "so the shipped finished runs are skipped and a shipped unfinished one continues")
     a = ap.parse_args(argv)
     out = Path(a.out)
+    if a.resume_from and not a.run:
+        ap.error("--resume-from needs --run")
     if a.run:
         if a.relations is None or not all((Path(a.relations) / p).is_dir() for p in PARTS):
             ap.error(f"--run needs --relations DIR with {' and '.join(PARTS)} folders (got {a.relations})")
+        if a.resume_from:
+            if not Path(a.resume_from).is_dir():
+                ap.error(f"--resume-from {a.resume_from}: no such folder (an --export destination, e.g. "
+                         "docs/runs/fam)")
+            got = resume_shipped(Path(a.resume_from), out, Path(a.relations))
+            print(f"{len(got)} run folders copied from {a.resume_from} to {out}: {', '.join(got) or 'none'}")
         run(out, Path(a.relations))
     if a.export:
         print(f"{export(out, Path(a.export))} files copied from {out} to {a.export}")

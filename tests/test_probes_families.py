@@ -2,6 +2,7 @@
 degenerate relations out of the means, Spearman against the published numbers with an interval."""
 
 import json
+import shutil
 
 import pytest
 
@@ -147,3 +148,33 @@ def test_the_trace_page_states_agreement_by_its_rules_on_both_sides(tmp_path):
     _fake_trace(tmp_path / "c" / "smollm2-135m" / "noise", "last_subject", 14, "last", 14, (0.05, 0.1))
     text = T.comparison(tmp_path / "c")
     assert "depth differs: later than early-middle" in text and "severing attention removes it too" in text, text
+
+
+def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
+    """--run --resume-from: an exported unfinished LRE run continues on a machine whose data folder is elsewhere
+    (the config names that folder, its hash recomputed, the rows kept); a folder already in --out is not touched;
+    without the rewrite the run would be refused as another config's."""
+    from mechfact.runs import ELAPSED, RunDir
+
+    def rundir(out, data):
+        return RunDir(out / "qwen2.5-0.5b" / "lre_authors_factual", {"relations": str(data / "factual"), "rank": 64},
+                      kind="llm.lre", seed=0, device="cpu", model_id="qwen2.5-0.5b:abc")
+
+    runs, shipped, out = tmp_path / "runs", tmp_path / "docs" / "fam", tmp_path / "again"
+    run = rundir(runs, tmp_path / "first" / "lre")
+    run.write_result({"per_relation": [{"relation": "country capital city", "faithfulness": 0.5}]})
+    assert F.export(runs, shipped) == 3  # config, result, the unfinished run's wall time
+    with pytest.raises(ValueError, match="different config"):  # the shipped files as they are: another path
+        shutil.copytree(shipped, tmp_path / "raw")
+        rundir(tmp_path / "raw", tmp_path / "second" / "lre").read_result({"per_relation": []})
+    assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == ["qwen2.5-0.5b/lre_authors_factual"]
+    again = rundir(out, tmp_path / "second" / "lre")
+    assert again.read_result({"per_relation": []})["per_relation"][0]["faithfulness"] == 0.5
+    spent = json.loads((shipped / "qwen2.5-0.5b" / "lre_authors_factual" / ELAPSED).read_text())["wall_time_s"]
+    assert again.wall_time_s() >= spent  # the time already spent is carried over
+    (out / "qwen2.5-0.5b" / "lre_authors_factual" / "result.json").write_text("{}")
+    assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == []
+    assert (out / "qwen2.5-0.5b" / "lre_authors_factual" / "result.json").read_text() == "{}"
+    with pytest.raises(SystemExit):
+        F.main(["--out", str(out), "--resume-from", str(shipped)])
+    assert "--resume-from needs --run" in capsys.readouterr().err
