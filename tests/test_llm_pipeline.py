@@ -69,6 +69,28 @@ def test_batched_states_match_unbatched(tiny, family, padding, one_thread):
     assert torch.equal(nxt1, nxt)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_only_the_answer_positions_are_unembedded_and_the_next_tokens_are_the_full_forwards(tiny, family,
+                                                                                            one_thread):
+    """collect asks the HF model for the logits at each query's answer position alone (logits_to_keep): the next
+    tokens are those of the plain full forward, and the unembedding sees one position per query."""
+    from mechfact.probes.queries import keeps_logits
+
+    lm = tiny["models"][family]
+    assert keeps_logits(lm) and not keeps_logits(object())
+    ps = _prompts(lm, tiny["relations"], k=3)
+    seen = []
+    handle = lm.bridge.unembed.register_forward_hook(lambda m, args, out: seen.append(tuple(out.shape)))
+    try:
+        nxt = _states(lm, ps, layers=[0], batch_size=5)[1]
+    finally:
+        handle.remove()
+    assert seen and all(shape[1] == 1 for shape in seen), seen
+    with torch.no_grad():
+        full = [int(lm.bridge(torch.tensor([p.tokens]))[0, -1].argmax()) for p in ps]
+    assert nxt.tolist() == full
+
+
 def test_state_cache_hit_returns_same_tensors_without_running(tiny, cache, monkeypatch, one_thread):
     lm = tiny["models"]["llama"]
     ps = _prompts(lm, tiny["relations"])

@@ -37,8 +37,15 @@ def _prefix_cache(lm, toks: torch.Tensor, pos: int):
     if pos == 0:
         return None
     with torch.no_grad():
-        _, pkv = lm.bridge(toks[:, :pos], return_type="logits_and_cache")
+        _, pkv = lm.bridge(toks[:, :pos], return_type="logits_and_cache", **keep_last(lm))
     return pkv
+
+
+def keep_last(lm) -> dict:
+    """Forward keywords that unembed the last position alone, where the model takes them (else none)."""
+    from ..probes.queries import keeps_logits
+
+    return {"logits_to_keep": 1} if keeps_logits(lm) else {}
 
 
 def _copies(pkv, layer: int, B: int):

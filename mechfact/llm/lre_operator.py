@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from .. import hooks
 from ..probes.queries import ProbeSet, Site, collect
 from .jacobian import _copies, _prefix_cache, _putter, jacobian
+from .jacobian_batched import keep_last
 from .loading import LanguageModel
 
 
@@ -90,12 +91,13 @@ def edited_logits(lm: LanguageModel, tokens: list[int], pos: int, layer: int, st
     """
     toks = torch.tensor([tokens], device=lm.device)
     pkv = _prefix_cache(lm, toks, pos)
+    keep = keep_last(lm)
     out = []
     with torch.no_grad():
         for c0 in range(0, len(states), chunk):
             st = states[c0:c0 + chunk].to(lm.device, lm.dtype)
             logits = lm.bridge.run_with_hooks(toks[:, pos:], past_key_values=_copies(pkv, layer, len(st)),
-                                              fwd_hooks=[(hooks.resid(layer, "post"), _putter(st))])
+                                              fwd_hooks=[(hooks.resid(layer, "post"), _putter(st))], **keep)
             out.append(logits[:, -1].float().cpu())
     return torch.cat(out)
 
