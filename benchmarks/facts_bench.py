@@ -11,6 +11,8 @@ Prints, measured side by side in one run with one thread count:
      ``linear_cross_entropy`` (what training uses), and the share of the dense
      step spent in the N-way softmax cross-entropy (memory-bound: why the chunked
      form, whose working set stays in cache, pays off as N grows);
+  2b. the same for the step's own matmuls alone (its GEMM shapes on random operands, back to back: the
+     ceiling those thin shapes allow, as a fraction of the peak) and the step's FLOP/s over that ceiling;
   4. the step time with the block run at every position (``final_resid``, then
      the supervised rows) over the step with the block run at the supervised
      last position only (``FactModel.supervised_resid``, what training uses):
@@ -51,13 +53,45 @@ from memory_bench import _sync, matmul_peak  # noqa: E402  (same folder)
 GOAL_PEAK = 0.5  # >= 0.5 of the float32 matmul peak at N >= 1024
 
 
-def step_flops(cfg: FactModelConfig, n_queries: int, seq: int = 1) -> float:
+def attention_rows(model: FactModel, tokens: torch.Tensor) -> int:
+    """Rows the head's value and output maps run on in a training step: one per query, or one per (position,
+    token) pair where there are fewer of those (``FactModel.supervised_resid``'s per-token tables)."""
+    pairs = tokens.shape[1] * model.W_E.shape[0]
+    return pairs if model.blocks[0].attn.uniform and pairs < tokens.shape[0] else tokens.shape[0]
+
+
+def step_flops(cfg: FactModelConfig, n_queries: int, seq: int = 1, attn_rows: int | None = None) -> float:
     """Matmul FLOPs of one forward+backward step (backward ~ 2x forward) with the block run at ``seq`` positions
-    per query (training runs it at the supervised last position only: ``seq = 1``)."""
+    per query (training runs it at the supervised last position only: ``seq = 1``); the head's value and output
+    maps on ``attn_rows`` rows (default: every query's ``seq`` positions)."""
     d, m, N = cfg.d, cfg.mlp_width, cfg.outputs
-    per_token = 2 * (2 * d * d) + 2 * (2 * d * m)  # OV of the head, MLP in+out
-    fwd = n_queries * (seq * per_token + 2 * d * N)  # unembedding at the supervised position only
+    rows = n_queries * seq if attn_rows is None else attn_rows
+    fwd = rows * 2 * (2 * d * d) + n_queries * seq * 2 * (2 * d * m) + n_queries * 2 * d * N  # OV; MLP; unembedding
     return 3.0 * fwd
+
+
+def own_matmuls(cfg: FactModelConfig, n: int, dev, steps: int, attn_rows: int | None = None) -> float:
+    """FLOP/s of the step's own matmuls alone, on random operands of their shapes: forward ``(n, k) @ (k, k')``
+    for the head's V and O maps, the MLP's in and out maps and the unembedding, and per map the two backward
+    products (``dY @ W^T``, ``X^T @ dY``) -- the :func:`step_flops` count, run back to back. The ceiling these
+    thin shapes (inner dimension d or m) allow on this device, beside the square matmul's peak."""
+    d, m, A = cfg.d, cfg.mlp_width, cfg.outputs
+    a = n if attn_rows is None else attn_rows
+    maps = [(a, d, d), (a, d, d), (n, d, m), (n, m, d), (n, d, A)]
+    ops = []
+    for rows, k_in, k_out in maps:
+        X, W, dY = (torch.randn(*s, device=dev) for s in ((rows, k_in), (k_in, k_out), (rows, k_out)))
+        ops += [(X, W), (dY, W.T), (X.T, dY)]
+    flops = sum(2.0 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in ops)
+    for a, b in ops:  # warm-up
+        a @ b
+    _sync(dev)
+    t = time.perf_counter()
+    for _ in range(steps):
+        for a, b in ops:
+            a @ b
+    _sync(dev)
+    return flops * steps / (time.perf_counter() - t)
 
 
 def bench(N: int, R: int, d: int, m: int, dev, steps: int, reps: int, A: int = 0) -> dict:
@@ -100,17 +134,21 @@ def bench(N: int, R: int, d: int, m: int, dev, steps: int, reps: int, A: int = 0
         return (time.perf_counter() - t) / steps
 
     step("last"), step("dense"), step("full")  # warm-up
-    dts, denses, fulls, ces, peaks = [], [], [], [], []
-    for _ in range(reps):  # in turns: the peak, the chunked step, the dense step, the full-forward step, the CE
+    dts, denses, fulls, ces, peaks, owns = [], [], [], [], [], []
+    for _ in range(reps):  # in turns: the peaks, the chunked step, the dense step, the full-forward step, the CE
         peaks.append(matmul_peak(dev))
+        owns.append(own_matmuls(model.cfg, len(q), dev, steps, attention_rows(model, tokens)))
         dts.append(timed("last"))
         denses.append(timed("dense"))
         fulls.append(timed("full"))
         ces.append(ce())
-    dt, flops = statistics.median(dts), step_flops(model.cfg, len(q))
+    dt, flops = statistics.median(dts), step_flops(model.cfg, len(q), attn_rows=attention_rows(model, tokens))
     return {"N": N, "R": R, "A": A or N, "d": d, "m": m, "queries": len(q), "s_per_step": dt, "examples_per_s": len(q) / dt,
             "flop_per_s": flops / dt, "peak_flop_per_s": statistics.median(peaks),
             "fraction_of_peak": statistics.median(flops / t / pk for t, pk in zip(dts, peaks)),
+            "own_matmuls_flop_per_s": statistics.median(owns),
+            "own_matmuls_over_peak": statistics.median(o / pk for o, pk in zip(owns, peaks)),
+            "fraction_of_own_matmuls": statistics.median(flops / t / o for t, o in zip(dts, owns)),
             "dense_over_chunked": statistics.median(a / b for a, b in zip(denses, dts)),
             "full_over_last": statistics.median(a / b for a, b in zip(fulls, dts)),
             "ce_share_dense": min(1.0, statistics.median(c / a for c, a in zip(ces, denses)))}
@@ -133,12 +171,14 @@ def main() -> None:
     print(f"device {dev}, threads {a.threads}, float32 matmul peak {peak / 1e9:.1f} GFLOP/s (median over the run), "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"{'N':>5} {'R':>2} {'A':>5} {'d':>3} {'queries':>8} {'ms/step':>8} {'examples/s':>11} {'GFLOP/s':>8} "
-          f"{'/ peak':>7} {'dense/chunked':>13} {'CE share (dense)':>16} {'all pos/last':>12}  "
+          f"{'/ peak':>7} {'GEMMs/peak':>10} {'/ GEMMs':>7} {'dense/chunked':>13} {'CE share (dense)':>16} "
+          f"{'all pos/last':>12}  "
           f"goal (/ peak >= {GOAL_PEAK:g} at N >= 1024)")
     for r in rows:
         goal = "-" if r["N"] < 1024 else ("goal met" if r["fraction_of_peak"] >= GOAL_PEAK else "goal NOT met")
         print(f"{r['N']:>5} {r['R']:>2} {r['A']:>5} {r['d']:>3} {r['queries']:>8} {1e3 * r['s_per_step']:>8.1f} "
               f"{r['examples_per_s']:>11.0f} {r['flop_per_s'] / 1e9:>8.2f} {r['fraction_of_peak']:>7.3f} "
+              f"{r['own_matmuls_over_peak']:>10.3f} {r['fraction_of_own_matmuls']:>7.3f} "
               f"{r['dense_over_chunked']:>13.2f} {r['ce_share_dense']:>16.2f} {r['full_over_last']:>12.2f}  {goal}")
     print(json.dumps({"device": str(dev), "threads": a.threads, "matmul_peak_flop_per_s": peak, "rows": rows}))
 

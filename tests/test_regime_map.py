@@ -46,17 +46,19 @@ def test_regime_map_changes_one_factor_per_variant_resumes_and_tabulates(tmp_pat
 def test_the_loss_decides_the_geometric_regime_and_the_zero_init_does_not(tmp_path, one_thread):
     """The pool page's knock-out trend at small scale (N = 64, R = 2, A = 8, the geometric regime's own shape
     d = 128, MLP width 256): the geometric regime passes both tests; with cross-entropy in place of the squared
-    error it still stores every fact but its embeddings lose the superposition fit (held-out R^2 0.70 and 0.76 in
-    two trainers that differ only in float rounding, against 1.00); its zero-shot transfer also falls but by a
-    margin that trajectory noise moves at this scale (0.76, then 0.86, against 1.00), so only its direction is
-    pinned here (the N = 256 knock-out on the pool page: 0.52 / 0.45 against 0.98 / 0.98); with the normal entity
-    init in place of zero it keeps the geometry."""
+    error its embeddings lose the superposition fit and its zero-shot transfer falls; with the normal entity init
+    in place of zero it keeps the geometry. How the cross-entropy run itself goes sits at a fork at this scale and
+    moves with float rounding: on one CPU it stored every fact (held-out R^2 0.70 and 0.76 in two trainers that
+    differ only in rounding, zero-shot 0.76 and 0.86, against 1.00 / 1.00), on another (same torch, same seed,
+    deterministic there at 1 and 2 threads) it stalled at train accuracy 0.57 (R^2 0.15, zero-shot 0.55). So only
+    what holds on both is pinned: no geometry, less transfer (the N = 256 knock-out on the pool page stores every
+    fact: R^2 0.52, zero-shot 0.45, against 0.98 / 0.98)."""
     rows = {r["variant"]: r for r in M.run(tmp_path, 64, 2, 8, 3, ["geometric-wide", "geo-ce", "geo-init-normal"],
                                            [0], mlp_width=32)}
     geo, ce, normal = rows["geometric-wide"], rows["geo-ce"], rows["geo-init-normal"]
     assert (geo["d"], geo["mlp_width"], ce["train_config"]["loss"], geo["train_config"]["loss"]) == (128, 256, "ce",
                                                                                                     "mse")
-    assert geo["train_accuracy"] == ce["train_accuracy"] == 1.0
+    assert geo["train_accuracy"] == normal["train_accuracy"] == 1.0
     assert geo["r2_heldout"] >= 0.95 and geo["zero_shot_accuracy"] >= 0.95
     assert ce["r2_heldout"] <= 0.85 and geo["r2_heldout"] - ce["r2_heldout"] >= 0.15
     assert ce["zero_shot_accuracy"] < geo["zero_shot_accuracy"]

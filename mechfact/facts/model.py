@@ -297,12 +297,23 @@ class FactModel(HookedRootModule):
                 and not self._hooked()):
             return self.final_resid(tokens)[supervised]
         self._check_tokens(tokens)
-        x = F.embedding(tokens, self.W_E)
-        if self.cfg.n_ctx:
-            x = x + self.W_pos[: tokens.shape[1]]
         blk = self.blocks[0]
-        h = blk.ln1(x)
         attn = blk.attn
+        E, P = self.W_E, tokens.shape[1]
+        if attn.uniform and P * E.shape[0] < tokens.shape[0]:
+            # fewer (position, token) pairs than queries (a full batch of single-hop facts: N + R tokens against
+            # N R queries): the per-token part -- LayerNorm, value and output maps -- runs once per pair on a
+            # table, and each query gathers its rows (the average commutes with the linear maps)
+            table = E[None] + self.W_pos[:P, None] if self.cfg.n_ctx else E[None].expand(P, -1, -1)
+            U = (blk.ln1(table) @ attn.W_V) @ attn.W_O / P  # (P, tokens, d)
+            mid = F.embedding(tokens[:, -1], table[-1] + U[-1])
+            for p in range(P - 1):
+                mid = mid + F.embedding(tokens[:, p], U[p])
+            return self.ln_final(mid + blk.mlp(blk.ln2(mid)))
+        x = F.embedding(tokens, E)
+        if self.cfg.n_ctx:
+            x = x + self.W_pos[:P]
+        h = blk.ln1(x)
         if attn.uniform:  # the causal average's last row: every position weighs 1 / pos
             mixed = h.mean(1)
         else:
