@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from synthetic.threshold_study import GEOMETRIC, d_star_arg, median_cell, run_one
+from synthetic.threshold_study import GEOMETRIC, add_executor_flags, d_star_arg, executor_of, median_cell, run_many
 
 BASE_FACTOR = 3.0  # the centre's width, in units of d*
 
@@ -78,21 +78,23 @@ def world_dir(out: Path, n: int, r: int, a: int) -> Path:
 
 
 def run(out: Path, n: int, r: int, a: int, d_star: int, variants: list[str], seeds: list[int], mlp_width: int = 64,
-        steps: int = 2000, device: str = "cpu") -> list[dict]:
-    """Train and probe every (variant, seed) not yet finished; the summaries."""
-    rows = []
+        steps: int = 2000, device: str = "cpu", executor=None) -> list[dict]:
+    """Train and probe every (variant, seed) not yet finished (``executor``: see
+    :func:`synthetic.threshold_study.run_many`); the summaries."""
+    specs = []
     for name in variants:
         v = VARIANTS[name]
         d = int(math.ceil(v.factor * d_star)) if v.factor else GEOMETRIC_D
         a_run = n if v.attributes == "N" else (v.attributes or a)
         for s in seeds:
             print(f"{name} ({v.what}): d={d}, A={a_run}, seed {s}", flush=True)
-            rows.append(run_one(world_dir(out, n, r, a) / f"{name}_seed{s}", v.regime, n, r, a_run, d,
-                                v.mlp_width or mlp_width, s, steps, device,
-                                extra={"variant": name, "factor": v.factor or None, "d_star": d_star,
-                                       "world_attributes": a},
-                                train_overrides=v.train, model_overrides=v.model))
-    return rows
+            specs.append((world_dir(out, n, r, a) / f"{name}_seed{s}",
+                          dict(regime=v.regime, n=n, r=r, a=a_run, d=d, mlp_width=v.mlp_width or mlp_width, seed=s,
+                               steps=steps, device=device,
+                               extra={"variant": name, "factor": v.factor or None, "d_star": d_star,
+                                      "world_attributes": a},
+                               train_overrides=v.train, model_overrides=v.model)))
+    return run_many(specs, executor)
 
 
 def collect(out: Path) -> list[dict]:
@@ -208,6 +210,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--mlp-width", type=int, default=64)
     ap.add_argument("--device", default="cpu")
+    add_executor_flags(ap)
     ap.add_argument("--table", action="store_true", help="print the table of every finished run and draw the figure")
     ap.add_argument("--export", default=None, metavar="DIR", help="copy the finished runs' summaries to DIR/map")
     a = ap.parse_args(argv)
@@ -222,7 +225,9 @@ def main(argv=None) -> None:
             figure(rows, out / "fig_regime_map.png")
         return
     d_star = d_star_arg(ap, a)
-    run(out, a.subjects, a.relations, a.attributes, d_star, a.variants, a.seeds, a.mlp_width, device=a.device)
+    with executor_of(ap, a) as ex:
+        run(out, a.subjects, a.relations, a.attributes, d_star, a.variants, a.seeds, a.mlp_width, device=a.device,
+            executor=ex)
     print(table(collect(out)))
 
 

@@ -3,6 +3,7 @@ gradient descent find the geometric solution?
 
     python -m synthetic.threshold_study --out runs/threshold --subjects 256 --relations 4 --attributes 16 \\
         --capacity runs/facts/pool_N256 [--factors 1 1.5 3] [--regimes default geometric] [--seeds 0 1]
+    ... --executor ray [--workers K] [--ray-address HOST:6379]   # each (regime, factor, seed) run a Ray task
     python -m synthetic.threshold_study --out runs/threshold --table     # markdown table + figure from the runs
     python -m synthetic.threshold_study --out runs/threshold --capacity-runs runs/facts --export docs/runs/pool
     python -m synthetic.threshold_study --out docs/runs/pool --doc docs/results_pool.md   # the page, from runs alone
@@ -66,14 +67,24 @@ def run_one(out: Path, regime: str, n: int, r: int, a: int, d: int, mlp_width: i
     """Train one model and probe it; the summary, with ``extra`` in it (read back when the run already
     finished). ``train_overrides`` / ``model_overrides``: TrainConfig / FactModelConfig fields that replace the
     regime's."""
-    import mechfact
-    from mechfact.facts.model import FactModel, FactModelConfig
-    from mechfact.runs import read_json, write_json_atomic
-    from mechfact.targets import SwapConfig
+    from mechfact.runs import read_json
 
     path = out / "summary.json"
     if path.is_file():
         return read_json(path)
+    return write_one(out, compute_one(regime, n, r, a, d, mlp_width, seed, steps, device, extra, train_overrides,
+                                      model_overrides))
+
+
+def compute_one(regime: str, n: int, r: int, a: int, d: int, mlp_width: int, seed: int, steps: int,
+                device: str = "cpu", extra: dict | None = None, train_overrides: dict | None = None,
+                model_overrides: dict | None = None) -> dict:
+    """:func:`run_one`'s work, writing nothing: ``{"summary": ..., "probes": ...}`` (what a Ray task returns to
+    the driver, which writes it with :func:`write_one`)."""
+    import mechfact
+    from mechfact.facts.model import FactModel, FactModelConfig
+    from mechfact.targets import SwapConfig
+
     world = mechfact.FactWorld(n, r, seed=seed, attributes=a)
     tcfg, model_options = train_config(regime, steps)
     tcfg = dataclasses.replace(tcfg, **(train_overrides or {}))
@@ -85,16 +96,68 @@ def run_one(out: Path, regime: str, n: int, r: int, a: int, d: int, mlp_width: i
     model.eval()
     # the new facts of freeze-and-swap: a world seed no model of the study trains on
     probes = mechfact.probe_all(model, world, seed=seed, swap=SwapConfig(new_seed=NEW_WORLD_SEED + seed))
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "probes.json", {"probes": probes.to_dict(), "history": fit.history})
     summ = {"regime": regime, "subjects": n, "relations": r, "attributes": a, "d": d, "mlp_width": mlp_width,
             "seed": seed, "swap_new_seed": NEW_WORLD_SEED + seed, "train_accuracy": fit.accuracy, "steps": fit.steps,
             "stopped": fit.stopped,
             "train_config": dataclasses.asdict(tcfg), "model_options": model_options, **probes.records[0],
             "chance": 1.0 / a,
             "wall_time_s": round(time.time() - t0, 1), **(extra or {})}
-    write_json_atomic(path, summ)  # last: marks the run finished
-    return summ
+    return {"summary": summ, "probes": {"probes": probes.to_dict(), "history": fit.history}}
+
+
+def write_one(out: Path, res: dict) -> dict:
+    """Writes a :func:`compute_one` result into ``out``: probes.json, then summary.json (last: it marks the run
+    finished); returns the summary."""
+    from mechfact.runs import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "probes.json", res["probes"])
+    write_json_atomic(out / "summary.json", res["summary"])
+    return res["summary"]
+
+
+def run_many(specs: list[tuple[Path, dict]], executor=None) -> list[dict]:
+    """:func:`run_one` for every ``(folder, keyword arguments)``: finished runs are read back, the others run as
+    jobs of ``executor`` (default local: one after another in this process; Ray: one task each, on this
+    machine's cores or a cluster's) and are written by this process as each finishes, so a stopped study loses
+    only the runs in flight. Summaries in the order of ``specs``."""
+    import functools
+
+    from mechfact.executor import Job, LocalExecutor
+    from mechfact.runs import read_json
+
+    done = {out: read_json(out / "summary.json") for out, _ in specs if (out / "summary.json").is_file()}
+    jobs = [Job(key=str(out), fn=functools.partial(compute_one, **kw), cost=kw["n"] * kw["r"] * kw["d"] / 1e4)
+            for out, kw in specs if out not in done]
+
+    def on_result(job, res):
+        done[Path(job.key)] = write_one(Path(job.key), res)
+        s = res["summary"]
+        print(f"finished {Path(job.key).name}: train accuracy {s['train_accuracy']:.3f}, R^2 {s['r2_heldout']:.2f}, "
+              f"zero-shot {s['zero_shot_accuracy']:.2f} ({s['wall_time_s']:.0f} s)", flush=True)
+
+    (executor or LocalExecutor(progress=False, desc="runs")).map(jobs, on_result)
+    return [done[out] for out, _ in specs]
+
+
+def executor_of(ap: argparse.ArgumentParser, a):
+    """The executor the --executor / --workers / --ray-address flags ask for (argparse's error on bad ones)."""
+    from mechfact.executor import make_executor
+
+    try:
+        return make_executor(a.executor, workers=a.workers, address=a.ray_address, device=a.device,
+                             progress=False, desc="runs")
+    except ValueError as e:
+        ap.error(str(e))
+
+
+def add_executor_flags(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--executor", default="local", choices=("local", "ray"),
+                    help="local: one run after another in this process; ray: one Ray task per run (default local)")
+    ap.add_argument("--workers", type=int, default=None, help="runs at once with --executor ray (default: every "
+                    "core, or the cluster's)")
+    ap.add_argument("--ray-address", default=None, metavar="ADDR",
+                    help="join a running Ray cluster ('auto' or HOST:PORT); default: start one on this machine")
 
 
 def d_star_arg(ap: argparse.ArgumentParser, a) -> int:
@@ -107,18 +170,19 @@ def d_star_arg(ap: argparse.ArgumentParser, a) -> int:
     return a.d_star or d_star_from(Path(a.capacity), a.subjects, a.relations, a.attributes)
 
 
-def run(a, d_star: int) -> list[dict]:
+def run(a, d_star: int, executor=None) -> list[dict]:
     world_dir = Path(a.out) / f"N{a.subjects}_R{a.relations}_A{a.attributes}"
-    rows = []
+    specs = []
     for regime in a.regimes:
         for f in a.factors:
             d = int(math.ceil(f * d_star))
             for s in a.seeds:
                 print(f"{regime} d={d} ({f:g} d*, d* = {d_star}) seed {s}", flush=True)
-                rows.append(run_one(world_dir / f"{regime}_x{f:g}_seed{s}", regime, a.subjects, a.relations,
-                                    a.attributes, d, a.mlp_width, s, a.steps, a.device,
-                                    extra={"factor": f, "d_star": d_star}))
-    return rows
+                specs.append((world_dir / f"{regime}_x{f:g}_seed{s}",
+                              dict(regime=regime, n=a.subjects, r=a.relations, a=a.attributes, d=d,
+                                   mlp_width=a.mlp_width, seed=s, steps=a.steps, device=a.device,
+                                   extra={"factor": f, "d_star": d_star})))
+    return run_many(specs, executor)
 
 
 def collect(out: Path) -> list[dict]:
@@ -602,6 +666,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mlp-width", type=int, default=64, help="the capacity search's width (default 64)")
     ap.add_argument("--steps", type=int, default=2000, help="default regime's budget (the capacity search's)")
     ap.add_argument("--device", default="cpu")
+    add_executor_flags(ap)
     ap.add_argument("--table", action="store_true", help="print the table of every finished run and draw the figure")
     ap.add_argument("--export", default=None, metavar="DIR",
                     help="copy the pool capacity runs (--capacity-runs) and the threshold runs (--out) to DIR")
@@ -626,7 +691,8 @@ def main(argv=None) -> None:
     d_star = d_star_arg(ap, a)
     if any(f <= 0 for f in a.factors):
         ap.error(f"--factors {' '.join(map(str, a.factors))}: each must be > 0")
-    run(a, d_star)
+    with executor_of(ap, a) as ex:
+        run(a, d_star, ex)
     print(table(collect(Path(a.out))))
 
 

@@ -154,3 +154,27 @@ def test_a_setting_in_two_pool_parts_is_read_once_preferring_the_one_that_reache
     got = sorted((t["relations"], t["attributes"], t["threshold"]) for t in recs)
     assert got == [(2, 16, 2), (2, 64, 3), (16, 64, 80)]
     assert [t["threshold"] for t in T.pool_thresholds(tmp_path, "d", "_8k")[0]] == [64]
+
+
+@pytest.mark.slow
+def test_threshold_runs_as_ray_tasks_equal_the_local_runs(tmp_path, one_thread):
+    """--executor ray: every (regime, factor, seed) run a Ray task, written by the driver as it returns; the
+    summaries and probes are the local runs' (wall times aside), and bad executor flags are refused by name."""
+    argv = ["--subjects", "32", "--relations", "2", "--attributes", "4", "--d-star", "3", "--factors", "1", "2",
+            "--seeds", "0", "--steps", "100", "--mlp-width", "16"]
+    T.main(["--out", str(tmp_path / "local"), *argv])
+    T.main(["--out", str(tmp_path / "ray"), *argv, "--executor", "ray", "--workers", "2"])
+
+    def runs(root):
+        out = {}
+        for f in sorted((root / "N32_R2_A4").glob("*/summary.json")):
+            summ = json.loads(f.read_text())
+            summ.pop("wall_time_s")
+            out[f.parent.name] = (summ, json.loads((f.parent / "probes.json").read_text()))
+        return out
+
+    local = runs(tmp_path / "local")
+    assert sorted(local) == ["default_x1_seed0", "default_x2_seed0", "geometric_x1_seed0", "geometric_x2_seed0"]
+    assert runs(tmp_path / "ray") == local
+    with pytest.raises(SystemExit):
+        T.main(["--out", str(tmp_path / "x"), *argv, "--workers", "2"])
