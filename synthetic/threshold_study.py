@@ -410,7 +410,8 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         "docs/results_pool.md` from the run files under `docs/runs/pool` alone. They come from "
         f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts) or 'pool_N256'}` (the "
         "thresholds), `python -m synthetic.threshold_study --out runs/threshold --subjects N --relations R "
-        "--attributes A --capacity runs/facts/pool_N<N>` (the mechanism at d*, 1.5 d* and 3 d*) and `python -m "
+        "--attributes A --capacity runs/facts/pool_N<N>` (the mechanism at d*, 1.5 d* and 3 d*; at N = 4096 "
+        "`--capacity runs/facts/pool_N4096_A64`; `--executor ray` runs each model as a Ray task) and `python -m "
         "synthetic.threshold_study --out runs/threshold --capacity-runs runs/facts --export docs/runs/pool`.", "",
         "The paper's setting: N subjects, R relations, each mapping every subject into a shared pool of A "
         "attributes (A = N: every relation a bijection, the setting of `results_facts.md`); the one-layer fact "
@@ -581,9 +582,10 @@ def _map_estimate(rows: list[dict]) -> str:
     return (f"\n- The regime map at N = 4096, R = 8 (the same variants and seeds): about {hours:.1f} CPU hours on "
             f"one thread (the N = {n}, R = {world[1]}, A = {world[2]} map took {total / 60:.0f} min, scaled by the "
             "number of facts; d* and the steps to 99% grow with N, and the map ran before training ran the block "
-            "at the supervised position alone, 1.8-2.6x faster in pool worlds): "
-            "`python -m synthetic.regime_map --subjects 4096 "
-            "--relations 8 --attributes 64 --capacity runs/facts/pool_N4096 --device cuda`.")
+            "at the supervised position alone and the per-token part on tables, 2-3x faster in pool worlds): "
+            "`python -m synthetic.regime_map --subjects 4096 --relations 8 --attributes 64 --capacity "
+            "runs/facts/pool_N4096_A64 --executor ray --ray-address HEAD:6379` (each variant and seed a task), or "
+            "`--device cuda`.")
 
 
 def _estimate(src: Path) -> str:
