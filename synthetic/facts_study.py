@@ -69,6 +69,11 @@ PARTS: dict[str, list[str]] = {
     "pool_N4096_A64": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "64",
                        "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
                        "--seeds", "2"],
+    # the bijection limit A = N (randperm % A is a permutation) at N = 1024, the figure's bijection line beside
+    # pool_N256's A = 256
+    "pool_N1024_AN": ["capacity", "--subjects", "1024", "--relations", "2", "4", "8", "16", "--attributes", "1024",
+                      "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
+                      "--seeds", "2"],
     # the budget: 4x the steps on a grid just below the 2000-step thresholds (R = 8, A = 64): does d* move?
     **{f"pool_N{N}_8k": ["capacity", "--subjects", str(N), "--relations", "8", "--attributes", "64", "--outputs",
                          "attributes", "--grid", *grid, "--steps", "8000", *COS, "--seeds", "3"]

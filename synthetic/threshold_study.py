@@ -280,7 +280,7 @@ def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[l
     recs: dict[tuple, dict] = {}
     parts = []
     for f in sorted((src / "capacity").glob("pool_N*/result.json")):
-        if not re.fullmatch(r"pool_N\d+(_A\d+)?" + re.escape(suffix), f.parent.name):
+        if not re.fullmatch(r"pool_N\d+(_A(\d+|N))?" + re.escape(suffix), f.parent.name):
             continue
         got = [t for t in read_json(f)["thresholds"] if t.get("searched", "d") == searched
                and (searched != "d" or t["embeddings"] == "trainable")]

@@ -145,14 +145,16 @@ def test_a_setting_in_two_pool_parts_is_read_once_preferring_the_one_that_reache
              "pool_N4096_A64": [{**base, "relations": 16, "seed": 0, "threshold": 80, "d": 80},
                                 {**base, "relations": 2, "seed": 0, "threshold": 3, "d": 3}],
              "pool_N4096_A64_8k": [{**base, "relations": 16, "seed": 0, "threshold": 64, "d": 64}],
-             "pool_N4096_old": [{**base, "relations": 4, "seed": 0, "threshold": 9, "d": 9}]}
+             "pool_N4096_old": [{**base, "relations": 4, "seed": 0, "threshold": 9, "d": 9}],
+             "pool_N1024_AN": [{**base, "subjects": 1024, "attributes": 1024, "relations": 2, "seed": 0,
+                                "threshold": 4, "d": 4}]}
     for name, recs in parts.items():
         (tmp_path / "capacity" / name).mkdir(parents=True)
         (tmp_path / "capacity" / name / "result.json").write_text(json.dumps({"thresholds": recs}))
     recs, names = T.pool_thresholds(tmp_path)
-    assert names == ["pool_N4096", "pool_N4096_A64"]
+    assert names == ["pool_N1024_AN", "pool_N4096", "pool_N4096_A64"]
     got = sorted((t["relations"], t["attributes"], t["threshold"]) for t in recs)
-    assert got == [(2, 16, 2), (2, 64, 3), (16, 64, 80)]
+    assert got == [(2, 16, 2), (2, 64, 3), (2, 1024, 4), (16, 64, 80)]
     assert [t["threshold"] for t in T.pool_thresholds(tmp_path, "d", "_8k")[0]] == [64]
 
 
