@@ -2,6 +2,7 @@
 
     python -m synthetic.facts_study --out runs/facts [--part NAME ...]   # run (resumes)
     python -m synthetic.facts_study --out runs/facts --summarize         # markdown tables + combined figure
+    python -m synthetic.facts_study --out runs/facts --part pool_N4096 --resume-from docs/runs/pool/capacity
     python -m synthetic.facts_study --out runs/facts --executor ray --workers 8   # jobs on 8 cores (or a cluster)
 
 Every part is one ``mechfact facts ...`` command (listed in PARTS, exactly as
@@ -194,6 +195,25 @@ def export_run_json(folder: Path, dest: Path) -> int:
     return n
 
 
+def resume_shipped(shipped: Path, out: Path, parts: list[str]) -> list[str]:
+    """Copies the exported parts (:func:`export_run_json`'s JSON, e.g. under docs/runs/pool/capacity) of ``parts``
+    that ``out`` lacks into ``out``, so that running them continues the shipped runs (their evaluations are
+    memoised, a finished threshold is not searched again) instead of starting over; the run checks the copied
+    config against the part's own as any resume does. Returns the parts copied."""
+    from mechfact.runs import read_json, write_json_atomic
+
+    copied = []
+    for name in parts:
+        src, dest = shipped / name, out / name
+        if dest.exists() or not (src / "result.json").is_file():
+            continue
+        for f in ("config.json", "meta.json", "result.json"):  # result.json last: it makes the folder a run
+            if (src / f).is_file():
+                write_json_atomic(dest / f, read_json(src / f))
+        copied.append(name)
+    return copied
+
+
 def export_multihop(out: Path, dest: Path) -> int:
     """Copies the multihop_N* parts' JSON (and the construction cache) to ``dest``: what the multi-hop table of
     docs/results_facts.md is rebuilt from (``--out dest --multihop-table``)."""
@@ -244,6 +264,9 @@ def main() -> None:
     ap.add_argument("--multihop-table", action="store_true", help="print the multihop_N* parts' table")
     ap.add_argument("--export-multihop", type=Path, default=None, metavar="DIR",
                     help="copy the multihop_N* parts' JSON to DIR (the table is rebuilt with --out DIR)")
+    ap.add_argument("--resume-from", type=Path, default=None, metavar="DIR",
+                    help="first copy the exported parts in DIR (e.g. docs/runs/pool/capacity) that --out lacks, so "
+                         "they continue where the shipped runs stopped")
     ap.add_argument("--executor", default="local", choices=("local", "ray"))
     ap.add_argument("--workers", default=None, help="Ray: jobs at once (default: every core)")
     ap.add_argument("--ray-address", default=None, help="Ray: join a running cluster ('auto' or HOST:PORT)")
@@ -259,6 +282,11 @@ def main() -> None:
     elif a.summarize:
         summarize(a.out)
     else:
+        if a.resume_from is not None:
+            if not a.resume_from.is_dir():
+                ap.error(f"--resume-from {a.resume_from}: no such folder (an export, e.g. docs/runs/pool/capacity)")
+            got = resume_shipped(a.resume_from, a.out, a.part or list(PARTS))
+            print(f"copied from {a.resume_from}: {', '.join(got) or 'nothing'}")
         flags = ["--executor", a.executor] + (["--workers", a.workers] if a.workers else []) + \
                 (["--ray-address", a.ray_address] if a.ray_address else [])
         run(a.out, a.part or list(PARTS), (flags if a.executor == "ray" else []) +

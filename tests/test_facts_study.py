@@ -1,6 +1,8 @@
 """The training-side study's parts (synthetic/facts_study.py) are valid commands with valid configs: a part that
 would fail after hours of the parts before it fails here in a second."""
 
+import json
+
 import pytest
 
 from synthetic.facts_study import PARTS
@@ -50,3 +52,25 @@ def test_the_multihop_table_in_results_facts_is_what_its_command_prints():
     if not (root / "docs/runs/multihop/construction_d.json").is_file():
         pytest.skip("docs/runs/multihop is not in this checkout")
     assert F.multihop_table(root / "docs/runs/multihop") in (root / "docs/results_facts.md").read_text()
+
+
+def test_an_exported_part_resumes_where_it_stopped(tmp_path, monkeypatch, one_thread):
+    """--resume-from: a part's exported JSON copied back into --out continues the run: the finished thresholds and
+    the memoised evaluations are kept and nothing is retrained; a folder already in --out is left alone."""
+    from mechfact.cli import main
+    from synthetic import facts_study as S
+
+    argv = ["facts", "capacity", "--subjects", "16", "--relations", "2", "--attributes", "4", "--outputs",
+            "attributes", "--grid", "2", "4", "8", "--steps", "150", "--seeds", "1", "--quiet", "--threads", "1"]
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--out", "runs/facts/tiny"]) == 0
+    assert S.export_run_json(tmp_path / "runs/facts/tiny", tmp_path / "shipped/tiny") == 3
+    first = json.loads((tmp_path / "runs/facts/tiny/result.json").read_text())
+    (tmp_path / "runs/facts/tiny").rename(tmp_path / "old")
+    assert S.resume_shipped(tmp_path / "shipped", tmp_path / "runs/facts", ["tiny", "missing"]) == ["tiny"]
+    assert S.resume_shipped(tmp_path / "shipped", tmp_path / "runs/facts", ["tiny"]) == []
+    trained = []
+    monkeypatch.setattr("mechfact.facts.capacity.train", lambda *a, **k: trained.append(1))
+    assert main([*argv, "--out", "runs/facts/tiny"]) == 0
+    again = json.loads((tmp_path / "runs/facts/tiny/result.json").read_text())
+    assert trained == [] and again["thresholds"] == first["thresholds"] and again["evaluations"] == first["evaluations"]
