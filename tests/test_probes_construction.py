@@ -102,3 +102,25 @@ def test_quick_api_for_the_quickstart(one_thread):
     assert max(res["ablation_on_relation"][1:]) <= 0.1 and min(res["relation_swap_moved"]) >= 0.95
     with pytest.raises(ValueError, match="allowed construct, trained"):
         quick(8, 1, model="magic")
+
+
+def test_block_overlap_falls_back_to_qr_iteration_when_the_svd_does_not_converge(monkeypatch):
+    """numpy's gesdd can fail to converge on a finite matrix (it did on a fitted map at N = 4096): the overlap is then
+    computed with gesvd, with the same result; a non-finite map is refused by name."""
+    import numpy as np
+
+    from mechfact.probes import superposition as S
+
+    rng = np.random.default_rng(0)
+    maps = rng.normal(size=(3, 12, 8))
+    want = S.block_overlap(maps)
+
+    def fails(*a, **k):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(np.linalg, "svd", fails)
+    got = S.block_overlap(maps)
+    assert got[1] == want[1] and np.allclose(got[0], want[0], atol=1e-10)
+    maps[1, 2, 3] = np.nan
+    with pytest.raises(ValueError, match=r"shape \(12, 8\) given to the SVD holds non-finite values"):
+        S.block_overlap(maps)

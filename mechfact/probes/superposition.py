@@ -98,11 +98,25 @@ def fit_superposition(embeddings, attributes, perms, subjects, alphas=ALPHAS) ->
     return SuperpositionFit(P.shape[0], np.asarray(reg.coef_.T), np.asarray(reg.intercept_), float(reg.alpha_))
 
 
+def _svd(M: np.ndarray, full_matrices: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.linalg.svd(M, full_matrices)``. numpy's divide-and-conquer driver (gesdd) now and then fails to
+    converge on a finite matrix (seen on a fitted map of a model at N = 4096, d = 84); QR iteration (gesvd) is then
+    used, as LAPACK advises."""
+    if not np.isfinite(M).all():
+        raise ValueError(f"a matrix of shape {M.shape} given to the SVD holds non-finite values")
+    try:
+        return np.linalg.svd(M, full_matrices=full_matrices)
+    except np.linalg.LinAlgError:
+        import scipy.linalg
+
+        return scipy.linalg.svd(M, full_matrices=full_matrices, lapack_driver="gesvd")
+
+
 def block_overlap(maps: np.ndarray, energy: float = 0.9) -> tuple[list[list[float]], list[int]]:
     """Mean squared principal-angle cosines between the row spaces of the M_r (see module doc)."""
     bases = []
     for M in maps:
-        _, s, vt = np.linalg.svd(M, full_matrices=False)
+        _, s, vt = _svd(M)
         cum = np.cumsum(s**2) / max(float((s**2).sum()), 1e-300)
         q = int(np.searchsorted(cum, energy) + 1)
         bases.append(vt[:q].T)
@@ -241,7 +255,7 @@ def factor(X: np.ndarray) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
     if X.shape[-1] <= X.shape[-2]:
         return X
-    u, s, _ = np.linalg.svd(X, full_matrices=False)
+    u, s, _ = _svd(X)
     return u * s[..., None, :]
 
 
@@ -286,7 +300,7 @@ def fold_kernels(kernels: np.ndarray, tr, te, nuisance: np.ndarray | None = None
     tr, te = np.asarray(tr), np.asarray(te)
     m = len(tr)
     N = np.ones((K.shape[1], 1)) if nuisance is None else np.column_stack([np.ones(K.shape[1]), nuisance])
-    u, s, _ = np.linalg.svd(N[tr], full_matrices=True)
+    u, s, _ = _svd(N[tr], full_matrices=True)
     rank = int((s > 1e-10 * s[0]).sum())
     Q = u[:, rank:]
     Nt = N[te] @ np.linalg.pinv(N[tr], rcond=1e-10)
