@@ -623,7 +623,7 @@ def _estimate(src: Path) -> str:
         if (src / "capacity" / p / "result.json").is_file():
             got = len(read_json(src / "capacity" / p / "result.json")["thresholds"])
             lines.append(f"- `{p}`: unfinished, {got} thresholds so far (in the tables above){'; ' + cost if cost else ''}; "
-                         f"the same command resumes it: {cmd}.")
+                         f"it continues from the shipped runs with {cmd[:-1]} --resume-from docs/runs/pool/capacity`.")
         elif cost:
             lines.append(f"- `{p}`: {cost}: {cmd}, or `--device cuda`.")
         else:
