@@ -120,7 +120,9 @@ def test_batched_transfer_equals_the_per_pair_loop(tiny_llama, one_thread):
             assert rec["kept"] == prefix_match(lm.tokenizer, src, rel.objects_of(rec["target_subject"]))
             assert rec["control_moved"] == prefix_match(lm.tokenizer, ctl, rel.objects_of(rec["control_subject"]))
             moved += src != clean
-    assert moved >= 10  # the patches change answers: the comparison has teeth
+    # the patches change answers, so the equality above has teeth; how many flip on this random tiny model moves
+    # with the CPU's float rounding (10 or more on one machine, 7 of 88 on another): a vacuous comparison gives 0
+    assert moved >= 5
     s = res.summary()
     assert len(s["per_relation"]) == 2 * 4 and s["n_pairs"] == 22
     assert all(0 <= r["accuracy"] <= 1 and 0 <= r["control"] <= 1 for r in s["per_relation"])
