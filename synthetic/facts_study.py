@@ -65,7 +65,7 @@ PARTS: dict[str, list[str]] = {
                       "256", "--outputs", "attributes", "--grid", *POOL_GRID, "--steps", "2000", *COS, "--seeds",
                       "2" if N == 4096 else "3"] for N in (256, 1024, 4096)},
     # N = 4096 with A = 64 alone (the worlds of the mechanism table) on a grid up to 128, since d* at R = 16 may pass
-    # 64 (48 at N = 1024): the first N = 4096 settings the mechanism needs, on one CPU thread ~2 h; pool_N4096
+    # 64 (48 at N = 1024): the first N = 4096 settings the mechanism needs (ran in 61 min on one thread); pool_N4096
     # holds the other pools (the page reads both parts, each setting once)
     "pool_N4096_A64": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "64",
                        "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
