@@ -146,18 +146,16 @@ def executor_of(ap: argparse.ArgumentParser, a):
 
     try:
         return make_executor(a.executor, workers=a.workers, address=a.ray_address, device=a.device,
-                             progress=False, desc="runs")
+                             progress=False, desc="runs", gpus_per_task=a.gpus_per_task)
     except ValueError as e:
         ap.error(str(e))
 
 
 def add_executor_flags(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--executor", default="local", choices=("local", "ray"),
-                    help="local: one run after another in this process; ray: one Ray task per run (default local)")
-    ap.add_argument("--workers", type=int, default=None, help="runs at once with --executor ray (default: every "
-                    "core, or the cluster's)")
-    ap.add_argument("--ray-address", default=None, metavar="ADDR",
-                    help="join a running Ray cluster ('auto' or HOST:PORT); default: start one on this machine")
+    """--executor, --workers, --ray-address, --gpus-per-task: the CLI's own flags (each model a job)."""
+    from mechfact.commands._args import executor_args
+
+    executor_args(ap)
 
 
 def d_star_arg(ap: argparse.ArgumentParser, a) -> int:
