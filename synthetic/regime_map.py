@@ -13,10 +13,14 @@ entity-embedding init scale, the training length (no early stop), the width d, t
 kept). Reference points change more than one: the full budget with L2 (``budget-l2``) and the ``geometric``
 regime itself (squared error + L2 1e-3 + zero init + 3000 steps at lr 1e-2), at 3 d* and at its own shape (d =
 128, MLP width 256: ``geometric-wide``). The ``geo-*`` knock-outs put one of the geometric regime's factors back
-(cross-entropy, no L2, the normal init, stopping at 99%) at that shape. Every model is probed as in the threshold
-study (held-out superposition R^2 with its control, per-relation readout, selector ablation, zero-shot
-freeze-and-swap with its control). Runs: ``<out>/map_N<N>_R<R>_A<A>/<variant>_seed<s>/summary.json``, written
-when a run finishes; a rerun skips finished runs.
+(cross-entropy, no L2, the normal init, stopping at 99%) at that shape. The coupled L2's pull on a parameter
+(L2 x its value) does not depend on N, while a subject's share of the mean loss falls as 1/N: ``geometric-l2-scaled``
+and ``geo-l2-scaled`` run the geometric regime at 3 d* and at its own shape with the L2 scaled by 256 / N (the
+balance of N = 256, where the regime was found; equal to ``geometric`` / ``geometric-wide`` there). Every model is
+probed as in the threshold study (held-out superposition R^2 with its control, per-relation readout, selector
+ablation, zero-shot freeze-and-swap with its control). Runs:
+``<out>/map_N<N>_R<R>_A<A>/<variant>_seed<s>/summary.json``, written when a run finishes; a rerun skips finished
+runs.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from synthetic.threshold_study import GEOMETRIC, add_executor_flags, d_star_arg, executor_of, median_cell, run_many
+from synthetic.threshold_study import (GEOMETRIC, add_executor_flags, d_star_arg, executor_of, median_cell, run_many,
+                                      train_config)
 
 BASE_FACTOR = 3.0  # the centre's width, in units of d*
+L2_REF_SUBJECTS = 256  # the N at which the geometric regime (L2 1e-3) was found; ``*-l2-scaled`` variants scale to it
 
 
 class Variant(NamedTuple):
@@ -40,6 +46,7 @@ class Variant(NamedTuple):
     factor: float = BASE_FACTOR  # width d in units of d*
     attributes: int | str | None = None  # None: the world's A; "N": the bijection limit
     mlp_width: int | None = None  # None: the study's width (--mlp-width)
+    l2_ref: int | None = None  # the regime's L2 scaled by l2_ref / N: the same pull per subject as at N = l2_ref
 
 
 VARIANTS: dict[str, Variant] = {
@@ -69,6 +76,14 @@ VARIANTS: dict[str, Variant] = {
                                {"entity_init": "normal"}, factor=0.0, mlp_width=256),
     "geo-stop": Variant("geometric-wide stopped at 99% train accuracy", "geometric",
                         {"target_accuracy": 0.99, "eval_every": 50}, {}, factor=0.0, mlp_width=256),
+    # the coupled L2 acts per parameter while the loss is a mean over the N R facts, so one subject's share of the
+    # loss gradient falls as 1/N against a fixed pull: at a larger N the same L2 is relatively stronger. These scale
+    # it by L2_REF_SUBJECTS / N; at N = 256 they equal
+    # ``geometric`` and ``geometric-wide``
+    "geometric-l2-scaled": Variant("the geometric regime, L2 1e-3 x 256 / N", "geometric", {}, {},
+                                   l2_ref=L2_REF_SUBJECTS),
+    "geo-l2-scaled": Variant("geometric-wide with L2 1e-3 x 256 / N", "geometric", {}, {}, factor=0.0,
+                             mlp_width=256, l2_ref=L2_REF_SUBJECTS),
 }
 GEOMETRIC_D = 128  # the geometric regime's own width (factor 0 above: d fixed, not scaled by d*)
 
@@ -86,6 +101,9 @@ def run(out: Path, n: int, r: int, a: int, d_star: int, variants: list[str], see
         v = VARIANTS[name]
         d = int(math.ceil(v.factor * d_star)) if v.factor else GEOMETRIC_D
         a_run = n if v.attributes == "N" else (v.attributes or a)
+        train = dict(v.train)
+        if v.l2_ref:
+            train["l2"] = train_config(v.regime, steps)[0].l2 * v.l2_ref / n
         for s in seeds:
             print(f"{name} ({v.what}): d={d}, A={a_run}, seed {s}", flush=True)
             specs.append((world_dir(out, n, r, a) / f"{name}_seed{s}",
@@ -93,7 +111,7 @@ def run(out: Path, n: int, r: int, a: int, d_star: int, variants: list[str], see
                                steps=steps, device=device,
                                extra={"variant": name, "factor": v.factor or None, "d_star": d_star,
                                       "world_attributes": a},
-                               train_overrides=v.train, model_overrides=v.model)))
+                               train_overrides=train, model_overrides=v.model)))
     return run_many(specs, executor)
 
 
