@@ -180,3 +180,26 @@ def test_threshold_runs_as_ray_tasks_equal_the_local_runs(tmp_path, one_thread):
     assert runs(tmp_path / "ray") == local
     with pytest.raises(SystemExit):
         T.main(["--out", str(tmp_path / "x"), *argv, "--workers", "2"])
+
+
+def test_the_unfinished_regime_map_at_n4096_lists_its_missing_models_and_their_measured_cost():
+    """Before any N = 4096 model: the largest map's time scaled by the facts; once some ran, the missing (variant,
+    seed) pairs, each costed at its variant's measured time (else the median model's); nothing once all ran."""
+    from synthetic import regime_map
+
+    small = [{"subjects": 256, "relations": 8, "world_attributes": 64, "variant": v, "seed": s, "wall_time_s": 60.0}
+             for v in ("default", "geometric") for s in (0, 1)]
+    text = T._map_estimate(small)
+    assert f"about {240 * 16 / 3600:.1f} CPU hours" in text and "--capacity runs/facts/pool_N4096_A64" in text
+    big = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": v, "seed": 0, "wall_time_s": t}
+           for v, t in (("default", 360.0), ("geometric", 3600.0), ("A-16", 720.0))]
+    text = T._map_estimate(small + big)
+    n_all = len(regime_map.VARIANTS) * 2
+    missing = n_all - 3
+    hours = (360 + 3600 + 720 + 720 * (missing - 3)) / 3600  # own seed-0 times, the median (720 s) for the rest
+    assert f"3 of {n_all} models in section 3; the other {missing} (" in text
+    assert "default seed 1, loss-mse seed 0, loss-mse seed 1" in text and "geometric seed 0" not in text
+    assert f"about {hours:.1f} CPU hours" in text
+    full = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": v, "seed": s, "wall_time_s": 1.0}
+            for v in regime_map.VARIANTS for s in (0, 1)]
+    assert T._map_estimate(small + full) == ""
