@@ -605,12 +605,20 @@ def _map_estimate(rows: list[dict]) -> str:
             return ""
         median = statistics.median(x["wall_time_s"] for x in big)
         own = {x["variant"]: x["wall_time_s"] for x in big}
-        hours = sum(own.get(v, median) for v, _ in missing) / 3600
+
+        def shape(v: str) -> tuple:
+            return regime_map.VARIANTS[v].regime, regime_map.VARIANTS[v].factor, regime_map.VARIANTS[v].mlp_width
+
+        def cost(v: str) -> float:  # its own time, else a measured variant of the same regime and shape, else median
+            same = [t for u, t in own.items() if u in regime_map.VARIANTS and shape(u) == shape(v)]
+            return own.get(v, statistics.median(same) if same else median)
+
+        hours = sum(cost(v) for v, _ in missing) / 3600
         return (f"\n- The regime map at N = {n}, R = {r}, A = {a}: {len(done)} of "
                 f"{len(regime_map.VARIANTS) * len(MAP_SEEDS)} models in section 3; the other {len(missing)} ("
                 + ", ".join(f"{v} seed {s}" for v, s in missing)
-                + f") about {hours:.1f} CPU hours on one thread (each at its variant's measured time, else the "
-                f"median model's, {median / 60:.0f} min): {cmd}, after `cp -r docs/runs/pool/map runs/regime_map` "
+                + f") about {hours:.1f} CPU hours on one thread (each at its variant's measured time, else at that of "
+                f"a measured variant of the same regime and shape, else the median model's, {median / 60:.0f} min): {cmd}, after `cp -r docs/runs/pool/map runs/regime_map` "
                 "(a rerun skips the finished models in its `--out`).")
     world = max({(x["subjects"], x["relations"], x["world_attributes"]) for x in rows}, key=lambda w: (w[1], w))
     total = sum(x["wall_time_s"] for x in rows if (x["subjects"], x["relations"], x["world_attributes"]) == world)

@@ -192,12 +192,25 @@ def test_the_unfinished_regime_map_at_n4096_lists_its_missing_models_and_their_m
     text = T._map_estimate(small)
     assert f"about {240 * 16 / 3600:.1f} CPU hours" in text and "--capacity runs/facts/pool_N4096_A64" in text
     big = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": v, "seed": 0, "wall_time_s": t}
-           for v, t in (("default", 360.0), ("geometric", 3600.0), ("A-16", 720.0))]
+           for v, t in (("default", 360.0), ("geometric", 3600.0), ("A-16", 720.0), ("geo-no-l2", 1800.0))]
     text = T._map_estimate(small + big)
     n_all = len(regime_map.VARIANTS) * 2
-    missing = n_all - 3
-    hours = (360 + 3600 + 720 + 720 * (missing - 3)) / 3600  # own seed-0 times, the median (720 s) for the rest
-    assert f"3 of {n_all} models in section 3; the other {missing} (" in text
+    missing = n_all - 4
+    own = {"default": 360.0, "geometric": 3600.0, "A-16": 720.0, "geo-no-l2": 1800.0}
+
+    def expected(v: str) -> float:  # a missing model: its variant's time, else a same-shape variant's, else the median
+        var = regime_map.VARIANTS[v]
+        if v in own:
+            return own[v]
+        if var.regime == "geometric" and var.factor == 0.0:  # d = 128, MLP 256: geo-no-l2's shape
+            return 1800.0
+        if var.factor == 3.0 and var.mlp_width is None and var.attributes is None or v == "A-N":
+            return 3600.0 if var.regime == "geometric" else 540.0  # median of default and A-16
+        return 1260.0  # median of the four measured models
+
+    hours = sum(expected(v) for v in regime_map.VARIANTS) / 3600 + sum(
+        expected(v) for v in regime_map.VARIANTS if v not in own) / 3600
+    assert f"4 of {n_all} models in section 3; the other {missing} (" in text
     assert "default seed 1, loss-mse seed 0, loss-mse seed 1" in text and "geometric seed 0" not in text
     assert f"about {hours:.1f} CPU hours" in text
     full = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": v, "seed": s, "wall_time_s": 1.0}
