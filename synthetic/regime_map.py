@@ -78,8 +78,7 @@ VARIANTS: dict[str, Variant] = {
                         {"target_accuracy": 0.99, "eval_every": 50}, {}, factor=0.0, mlp_width=256),
     # the coupled L2 acts per parameter while the loss is a mean over the N R facts, so one subject's share of the
     # loss gradient falls as 1/N against a fixed pull: at a larger N the same L2 is relatively stronger. These scale
-    # it by L2_REF_SUBJECTS / N; at N = 256 they equal
-    # ``geometric`` and ``geometric-wide``
+    # it by L2_REF_SUBJECTS / N; at N = 256 they equal ``geometric`` and ``geometric-wide``
     "geometric-l2-scaled": Variant("the geometric regime, L2 1e-3 x 256 / N", "geometric", {}, {},
                                    l2_ref=L2_REF_SUBJECTS),
     "geo-l2-scaled": Variant("geometric-wide with L2 1e-3 x 256 / N", "geometric", {}, {}, factor=0.0,

@@ -587,8 +587,9 @@ MAP_SEEDS = (0, 1)
 
 def _map_estimate(rows: list[dict]) -> str:
     """The regime map at N = 4096, R = 8, A = 64: what is left of it and its cost from the measured models (each
-    missing model at its variant's finished seed's time, else the median model's); before any model there, the
-    largest measured map's CPU time scaled by the facts (a lower bound)."""
+    missing model at its variant's finished seed's time, else at a finished variant's of the same regime, width
+    and MLP width, else the median model's); before any model there, the largest measured map's CPU time scaled
+    by the facts (a lower bound)."""
     from synthetic import regime_map
 
     if not rows:
@@ -618,8 +619,9 @@ def _map_estimate(rows: list[dict]) -> str:
                 f"{len(regime_map.VARIANTS) * len(MAP_SEEDS)} models in section 3; the other {len(missing)} ("
                 + ", ".join(f"{v} seed {s}" for v, s in missing)
                 + f") about {hours:.1f} CPU hours on one thread (each at its variant's measured time, else at that of "
-                f"a measured variant of the same regime and shape, else the median model's, {median / 60:.0f} min): {cmd}, after `cp -r docs/runs/pool/map runs/regime_map` "
-                "(a rerun skips the finished models in its `--out`).")
+                "a measured variant of the same regime and shape, else the median model's, "
+                f"{median / 60:.0f} min): {cmd}, after `cp -r docs/runs/pool/map runs/regime_map` (a rerun skips the "
+                "finished models in its `--out`).")
     world = max({(x["subjects"], x["relations"], x["world_attributes"]) for x in rows}, key=lambda w: (w[1], w))
     total = sum(x["wall_time_s"] for x in rows if (x["subjects"], x["relations"], x["world_attributes"]) == world)
     hours = total * n / world[0] / 3600

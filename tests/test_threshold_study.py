@@ -184,7 +184,8 @@ def test_threshold_runs_as_ray_tasks_equal_the_local_runs(tmp_path, one_thread):
 
 def test_the_unfinished_regime_map_at_n4096_lists_its_missing_models_and_their_measured_cost():
     """Before any N = 4096 model: the largest map's time scaled by the facts; once some ran, the missing (variant,
-    seed) pairs, each costed at its variant's measured time (else the median model's); nothing once all ran."""
+    seed) pairs, each costed at its variant's measured time (else a same-shape variant's, else the median model's);
+    nothing once all ran."""
     from synthetic import regime_map
 
     small = [{"subjects": 256, "relations": 8, "world_attributes": 64, "variant": v, "seed": s, "wall_time_s": 60.0}
