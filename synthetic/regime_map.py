@@ -36,6 +36,7 @@ from synthetic.threshold_study import (GEOMETRIC, add_executor_flags, d_star_arg
 
 BASE_FACTOR = 3.0  # the centre's width, in units of d*
 L2_REF_SUBJECTS = 256  # the N at which the geometric regime (L2 1e-3) was found; ``*-l2-scaled`` variants scale to it
+SEEDS = (0, 1)  # the map's seeds (--seeds)
 
 
 class Variant(NamedTuple):
@@ -79,10 +80,10 @@ VARIANTS: dict[str, Variant] = {
     # the coupled L2 acts per parameter while the loss is a mean over the N R facts, so one subject's share of the
     # loss gradient falls as 1/N against a fixed pull: at a larger N the same L2 is relatively stronger. These scale
     # it by L2_REF_SUBJECTS / N; at N = 256 they equal ``geometric`` and ``geometric-wide``
-    "geometric-l2-scaled": Variant("the geometric regime, L2 1e-3 x 256 / N", "geometric", {}, {},
+    "geometric-l2-scaled": Variant(f"the geometric regime, L2 1e-3 x {L2_REF_SUBJECTS} / N", "geometric", {}, {},
                                    l2_ref=L2_REF_SUBJECTS),
-    "geo-l2-scaled": Variant("geometric-wide with L2 1e-3 x 256 / N", "geometric", {}, {}, factor=0.0,
-                             mlp_width=256, l2_ref=L2_REF_SUBJECTS),
+    "geo-l2-scaled": Variant(f"geometric-wide with L2 1e-3 x {L2_REF_SUBJECTS} / N", "geometric", {}, {},
+                             factor=0.0, mlp_width=256, l2_ref=L2_REF_SUBJECTS),
 }
 GEOMETRIC_D = 128  # the geometric regime's own width (factor 0 above: d fixed, not scaled by d*)
 
@@ -224,7 +225,7 @@ def main(argv=None) -> None:
     ap.add_argument("--capacity", default=None, help="a `mechfact facts capacity --outputs attributes` run folder")
     ap.add_argument("--d-star", type=int, default=None, help="d* itself (instead of --capacity)")
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--mlp-width", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     add_executor_flags(ap)

@@ -574,15 +574,15 @@ def _map_section(rows: list[dict]) -> list[str]:
         "zero init, 3000 steps at lr 1e-2); the `geo-*` knock-outs put one of the geometric regime's factors back "
         "at its own shape (d = 128, MLP width 256). The coupled L2 pulls a parameter by L2 x its value whatever N, "
         "while one subject's share of the mean loss falls as 1/N: `geometric-l2-scaled` and `geo-l2-scaled` run "
-        "the geometric regime with its L2 scaled by 256 / N (at N = 256 they are `geometric` and "
-        "`geometric-wide`). Same probes as section 2; medians over seeds [range]; `geometric "
+        f"the geometric regime with its L2 scaled by {regime_map.L2_REF_SUBJECTS} / N (at N = "
+        f"{regime_map.L2_REF_SUBJECTS} they are `geometric` and `geometric-wide`). Same probes as section 2; "
+        "medians over seeds [range]; `geometric "
         f"(seeds)`: seeds with held-out R^2 and zero-shot accuracy both >= {GEOMETRIC}.", "",
         regime_map.table(rows), "", regime_map.reading(rows), "",
         "![regime map](img/regime_map.png)", ""]
 
 
 MAP_SCALE = (4096, 8, 64)  # the regime map the paper's scale asks for
-MAP_SEEDS = (0, 1)
 
 
 def _map_estimate(rows: list[dict]) -> str:
@@ -601,7 +601,7 @@ def _map_estimate(rows: list[dict]) -> str:
     big = [x for x in rows if (x["subjects"], x["relations"], x["world_attributes"]) == MAP_SCALE]
     if big:
         done = {(x["variant"], x["seed"]) for x in big}
-        missing = [(v, s) for v in regime_map.VARIANTS for s in MAP_SEEDS if (v, s) not in done]
+        missing = [(v, s) for v in regime_map.VARIANTS for s in regime_map.SEEDS if (v, s) not in done]
         if not missing:
             return ""
         median = statistics.median(x["wall_time_s"] for x in big)
@@ -616,7 +616,7 @@ def _map_estimate(rows: list[dict]) -> str:
 
         hours = sum(cost(v) for v, _ in missing) / 3600
         return (f"\n- The regime map at N = {n}, R = {r}, A = {a}: {len(done)} of "
-                f"{len(regime_map.VARIANTS) * len(MAP_SEEDS)} models in section 3; the other {len(missing)} ("
+                f"{len(regime_map.VARIANTS) * len(regime_map.SEEDS)} models in section 3; the other {len(missing)} ("
                 + ", ".join(f"{v} seed {s}" for v, s in missing)
                 + f") about {hours:.1f} CPU hours on one thread (each at its variant's measured time, else at that of "
                 "a measured variant of the same regime and shape, else the median model's, "
