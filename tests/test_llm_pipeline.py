@@ -425,6 +425,47 @@ def test_batched_edits_match_patching_the_whole_prompt(tiny, family, one_thread)
         assert (got[1:] - got[0]).abs().max() > 1e-2  # the edits move the logits: the comparison has teeth
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shared_heads_give_the_whole_prompts_states(tiny, family, one_thread):
+    """Prompts sharing their in-context examples run the shared head once: the subject and last states, the next
+    tokens and the edited logits equal those of the whole prompts (the authors' trial: training facts each
+    with their own head, test facts with one)."""
+    from mechfact import hooks
+    from mechfact.llm.lre import edited_logits
+    from mechfact.llm.prompts import build_prompts
+    from mechfact.llm.relations import load_relations
+    from mechfact.llm.shared_heads import Heads, groups_by_head, head_of, states_shared
+    from mechfact.probes.queries import ProbeSet, Site, collect
+
+    lm = tiny["models"][family]
+    rel = load_relations(tiny["relations"], ["tiny_colour"])[0]
+    train = [0, 1, 2]
+    prompts = build_prompts(rel, lm.tokenizer, lm.bos_id, examples=train, samples=list(range(len(rel))))
+    shared, alone = groups_by_head(prompts)
+    # every test prompt shares its head (a subject's leading space may be its own token: a head per tokenisation)
+    assert sorted(i for idx in shared.values() for i in idx) == list(range(3, len(rel))) and alone == train
+    sites = [Site(hooks.resid(0, "post"), "subject"), Site(hooks.resid(lm.n_layers - 1, "post"), "last")]
+    want = collect(lm, ProbeSet.from_prompts(prompts, pad_id=lm.pad_id), sites, batch_size=4)
+    heads = Heads(lm)
+    got = states_shared(lm, prompts, sites, batch_size=3, heads=heads)  # batches of 3 over a ragged group
+    for s in sites:
+        assert torch.allclose(got[s], want[s], atol=1e-4), (s, (got[s] - want[s]).abs().max())
+    assert torch.equal(got.next_token, want.next_token)
+    g = torch.Generator().manual_seed(1)
+    for i in (1, 5):  # a training prompt (its own head) and a test prompt (the shared head)
+        p = prompts[i]
+        S = got[sites[0]][i]
+        new = S + S.norm() * torch.randn(3, S.shape[0], generator=g)
+        ref = edited_logits(lm, p.tokens, p.subject_last, 0, new)
+        head = heads.cache(head_of(p))
+        fast = edited_logits(lm, p.tokens, p.subject_last, 0, new, prefix=head, start=p.subject_first)
+        again = edited_logits(lm, p.tokens, p.subject_last, 0, new, prefix=head, start=p.subject_first)
+        assert torch.allclose(fast, ref, atol=1e-4), (fast - ref).abs().max()
+        assert torch.equal(fast, again)  # the head's cache is not consumed by a run
+    with pytest.raises(ValueError, match="start 9 must lie in"):
+        edited_logits(lm, prompts[5].tokens, 8, 0, new, start=9)
+
+
 def test_lre_layer_sweep_equals_single_layer_runs(tiny, tmp_path, one_thread):
     """A sweep shares the trials' splits, known facts and edit targets across layers: each layer's row is the
     row of a single-layer run at that layer; the relation is reported at the layers its training facts choose."""

@@ -53,6 +53,7 @@ from .. import stats
 from ..seeding import derive_seed
 from .lre_operator import LRE, decode_top, edited_predictions, jacobians, states_at
 from .prompts import build_prompts, prefix_match
+from .shared_heads import Heads, head_of
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,8 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False)
             break
         order = train + test
         prompts = build_prompts(rel, tok, lm.bos_id, template=cfg.template, examples=train, samples=order)
-        S_at, Z, own = states_at(lm, prompts, layers, cfg.batch_size, cfg.cache_states)
+        heads = Heads(lm)  # the trial's shared prompt head, run once for the states and every edited run
+        S_at, Z, own = states_at(lm, prompts, layers, cfg.batch_size, cfg.cache_states, heads)
         pos = {i: k for k, i in enumerate(order)}
 
         def right(token, i: int) -> bool:  # facts="all": judged against the model's own prediction
@@ -245,7 +247,9 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False)
                 P = LRE(*loo[k], 1.0).pinvs(ranks)
                 dz = Z[pos[j]] - Z[pos[i]]
                 new = torch.stack([S[pos[i]] + dz @ P[r].T for r in ranks])
-                pred = edited_predictions(lm, prompts[pos[i]].tokens, prompts[pos[i]].subject_last, layer, new)
+                q = prompts[pos[i]]
+                pred = edited_predictions(lm, q.tokens, q.subject_last, layer, new, prefix=heads.cache(head_of(q)),
+                                          start=q.subject_first)
                 acc["train_c"] += np.array([right(p, j) for p in pred], dtype=float)
                 acc["train_c_n"] += 1
             # causality of the test facts at every rank, and the first protocol's projection edit beside it
@@ -256,8 +260,9 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False)
                     dz = Z[pos[j]] - Z[pos[i]]
                     dp = (proj(S[pos[j]:pos[j] + 1]) - proj(S[pos[i]:pos[i] + 1]))[0]
                     new = [S[pos[i]] + d for r in ranks for d in (dz @ P[r].T, dp @ Pb[r].T)]
-                    pred = edited_predictions(lm, prompts[pos[i]].tokens, prompts[pos[i]].subject_last, layer,
-                                              torch.stack(new))
+                    q = prompts[pos[i]]
+                    pred = edited_predictions(lm, q.tokens, q.subject_last, layer, torch.stack(new),
+                                              prefix=heads.cache(head_of(q)), start=q.subject_first)
                     hits = np.array([right(p, j) for p in pred]).reshape(len(ranks), 2)
                     acc["caus"].add(t, subj_ids[rel.subjects[i]], hits[:, 0])
                     acc["proj"].add(t, subj_ids[rel.subjects[i]], hits[:, 1])

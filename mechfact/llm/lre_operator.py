@@ -4,7 +4,7 @@
 * :func:`jacobians` / :func:`estimate_lre`: per-prompt Jacobians ``dz/ds`` (exact, :func:`mechfact.llm.jacobian.jacobian`)
   and their mean operator;
 * :func:`states_at`: subject states at some layers, the last layer's state at the last token and the greedy next
-  token, for a list of prompts (one collection pass, cached on disk when asked);
+  token, for a list of prompts (each head shared by several prompts run once, cached on disk when asked);
 * :func:`decode_top`: the top token of last-layer states through the final norm and unembedding;
 * :func:`edited_logits` / :func:`edited_predictions`: one prompt run with its subject state replaced by each of
   several vectors (prefix once, suffix as copies); :func:`patched_predictions`: the same through the shared
@@ -19,10 +19,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hooks
-from ..probes.queries import ProbeSet, Site, collect
+from ..probes.queries import ProbeSet, Site, _cache_file, _read_cache, _write_cache
 from .jacobian import _copies, _prefix_cache, _putter, jacobian
 from .jacobian_batched import keep_last
 from .loading import LanguageModel
+from .shared_heads import Heads, states_shared
 
 
 @dataclass
@@ -64,13 +65,24 @@ def estimate_lre(lm: LanguageModel, prompts: list, idx: list[int], layer: int, b
     return LRE(J=Js.mean(0), b=bs.mean(0), beta=beta)
 
 
-def states_at(lm: LanguageModel, prompts: list, layers: list[int], batch_size: int, cache: bool
-              ) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """({layer: subject states}, last-layer states at the last token, greedy next tokens) of ``prompts``."""
+def states_at(lm: LanguageModel, prompts: list, layers: list[int], batch_size: int, cache: bool,
+              heads: "Heads | None" = None) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """({layer: subject states}, last-layer states at the last token, greedy next tokens) of ``prompts``.
+
+    Prompts sharing the tokens before their subject run that head once (:mod:`.shared_heads`; ``heads`` keeps
+    the caches for later edited runs); ``cache``: the result is kept on disk, keyed as
+    :func:`~mechfact.probes.queries.collect` keys it.
+    """
     ps = ProbeSet.from_prompts(prompts, pad_id=lm.pad_id)
     s_sites = {l: Site(hooks.resid(l, "post"), "subject") for l in layers}
     z_site = Site(hooks.resid(lm.n_layers - 1, "post"), "last")
-    acts = collect(lm, ps, [*s_sites.values(), z_site], batch_size=batch_size, cache=cache)
+    sites = [*s_sites.values(), z_site]
+    path = _cache_file(lm, ps, sites) if cache and getattr(lm, "model_id", None) else None
+    acts = _read_cache(path, sites, len(ps)) if path is not None and path.is_file() else None
+    if acts is None:
+        acts = states_shared(lm, prompts, sites, batch_size, heads)
+        if path is not None:
+            _write_cache(path, [acts[s] for s in sites], acts.next_token)
     return {l: acts[st] for l, st in s_sites.items()}, acts[z_site], acts.next_token
 
 
@@ -82,30 +94,45 @@ def decode_top(lm: LanguageModel, o: torch.Tensor) -> torch.Tensor:
 
 
 def edited_logits(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
-                  chunk: int = 64) -> torch.Tensor:
+                  chunk: int = 64, prefix=None, start: int | None = None) -> torch.Tensor:
     """Next-token logits (m, vocab) of one prompt with its state at (``layer``, ``pos``) set to each row of
     ``states`` (m, d).
 
-    The prefix before ``pos`` runs once; the suffix runs as ``m`` copies (in chunks) from the block after
-    ``layer`` on -- the same numbers as patching the full prompt ``m`` times (tested), a fraction of the work.
+    The prefix before ``start`` (default ``pos``) runs once; the rest runs once up to ``layer`` and as ``m``
+    copies (in chunks) after it -- the same numbers as patching the full prompt ``m`` times (tested), a fraction
+    of the work. ``prefix``: the key/value cache of ``tokens[:start]`` when the caller has it (a prompt head's,
+    :class:`.shared_heads.Heads`; only copies of it are run on), else computed here.
     """
+    start = pos if start is None else start
+    if not 0 <= start <= pos:
+        raise ValueError(f"edited_logits: start {start} must lie in [0, pos = {pos}]")
     toks = torch.tensor([tokens], device=lm.device)
-    pkv = _prefix_cache(lm, toks, pos)
+    pkv = prefix if prefix is not None else _prefix_cache(lm, toks, start)
     keep = keep_last(lm)
     out = []
     with torch.no_grad():
         for c0 in range(0, len(states), chunk):
             st = states[c0:c0 + chunk].to(lm.device, lm.dtype)
-            logits = lm.bridge.run_with_hooks(toks[:, pos:], past_key_values=_copies(pkv, layer, len(st)),
-                                              fwd_hooks=[(hooks.resid(layer, "post"), _putter(st))], **keep)
+            put = _putter(st) if start == pos else _putter_at(st, pos - start)
+            logits = lm.bridge.run_with_hooks(toks[:, start:], past_key_values=_copies(pkv, layer, len(st)),
+                                              fwd_hooks=[(hooks.resid(layer, "post"), put)], **keep)
             out.append(logits[:, -1].float().cpu())
     return torch.cat(out)
 
 
+def _putter_at(states: torch.Tensor, at: int):
+    """Hook: the one run becomes ``B`` copies, copy k with position ``at`` set to ``states[k]``."""
+    def put(act, hook):
+        out = act.expand(states.shape[0], -1, -1).clone()
+        out[:, at] = states.to(act.dtype)
+        return out
+    return put
+
+
 def edited_predictions(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
-                       chunk: int = 64) -> torch.Tensor:
+                       chunk: int = 64, prefix=None, start: int | None = None) -> torch.Tensor:
     """Greedy next token (m,) of :func:`edited_logits`."""
-    return edited_logits(lm, tokens, pos, layer, states, chunk).argmax(-1)
+    return edited_logits(lm, tokens, pos, layer, states, chunk, prefix, start).argmax(-1)
 
 
 def patched_predictions(lm: LanguageModel, prompts: list, idx: list[int], layer: int, new_states: torch.Tensor
