@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from .. import hooks
 from ..probes.queries import ProbeSet, Site, _cache_file, _read_cache, _write_cache
-from .jacobian import _copies, _prefix_cache, _putter, jacobian
+from .jacobian import _copies, _prefix_cache, jacobian
 from .jacobian_batched import keep_last
 from .loading import LanguageModel
 from .shared_heads import Heads, states_shared
@@ -113,7 +113,7 @@ def edited_logits(lm: LanguageModel, tokens: list[int], pos: int, layer: int, st
     with torch.no_grad():
         for c0 in range(0, len(states), chunk):
             st = states[c0:c0 + chunk].to(lm.device, lm.dtype)
-            put = _putter(st) if start == pos else _putter_at(st, pos - start)
+            put = _putter_at(st, pos - start)
             logits = lm.bridge.run_with_hooks(toks[:, start:], past_key_values=_copies(pkv, layer, len(st)),
                                               fwd_hooks=[(hooks.resid(layer, "post"), put)], **keep)
             out.append(logits[:, -1].float().cpu())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..probes.queries import Activations, ProbeSet, Site, collect, logits_of
+from ..probes.queries import Activations, ProbeSet, Site, collect, logits_of, pad_batch
 from .jacobian_batched import _copies, _prefix_cache, keep_last
 
 
@@ -72,8 +72,7 @@ def states_shared(lm, prompts, sites: list[Site], batch_size: int, heads: Heads 
         for s in sites:
             put(s, torch.as_tensor(alone), acts[s])
         nxt[torch.as_tensor(alone)] = acts.next_token
-    names = sorted({s.hook for s in sites})
-    want = set(names)
+    want = {s.hook for s in sites}
     keep = keep_last(lm)
     for head, idx in shared.items():
         kv = heads.cache(head)
@@ -82,10 +81,7 @@ def states_shared(lm, prompts, sites: list[Site], batch_size: int, heads: Heads 
         for c0 in range(0, len(idx), batch_size):
             part = idx[c0:c0 + batch_size]
             tails = [prompts[i].tokens[first:] for i in part]
-            T = max(len(t) for t in tails)
-            toks = torch.full((len(part), T), lm.pad_id, dtype=torch.long)
-            for b, t in enumerate(tails):
-                toks[b, :len(t)] = torch.as_tensor(t)
+            toks = pad_batch(tails, lm.pad_id, "right")[0]
             last = torch.tensor([len(t) - 1 for t in tails])
             subj = torch.tensor([prompts[i].subject_last - first for i in part])
             kw = {"logits_to_keep": last[:, None].to(lm.device)} if keep else {}
