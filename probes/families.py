@@ -210,9 +210,10 @@ def _lre_cell(x: dict | None) -> str:
         return f"{known}: too few known"
     why = lre_authors.degenerate(x)
     deg = f" **degenerate ({why})**" if why else ""
+    cap = f", ≤{x['max_causality']} edits/trial" if x.get("max_causality") else ""
     return (f"{known}, n {x['n_test']}×{x.get('n_trials')}: F {_ci(x, 'faithfulness')}, F(β*) "
             f"{_ci(x, 'faithfulness_model_beta')}, β0 {_ci(x, 'faithfulness_bias_only')}, maj "
-            f"{_ci(x, 'majority_baseline')}, C {_ci(x, 'causality')} (r {x.get('rank')}){deg}")
+            f"{_ci(x, 'majority_baseline')}, C {_ci(x, 'causality')} (r {x.get('rank')}{cap}){deg}")
 
 
 def _lre_all(out: Path) -> dict[str, dict[str, dict]]:
@@ -432,7 +433,9 @@ training facts as the in-context examples of every prompt, test facts filtered u
 object); F = faithfulness at beta 2.25 fixed in advance; F(β*) = at the model's one beta chosen on the training
 facts pooled over relations (the authors' rule for their published numbers: one beta per model); β0 = beta 0,
 the bias alone; maj = the share of the most common test object (what a constant answer gets); C = causality at
-the rank chosen on the training facts. Intervals: bootstrap over subjects (cells) or over relations (means).
+the rank chosen on the training facts (on every test fact of a trial, as the authors, except where a cell says
+`≤K edits/trial`: K of them, taken round-robin over objects, `--max-causality K`, for the largest files on the
+slower models). Intervals: bootstrap over subjects (cells) or over relations (means).
 `n a×b`: a test facts per trial, b trials. Degenerate relations (every test fact one object, or the bias alone
 right on every test fact: a constant answer scores 1.00) are marked and left out of the means.
 """

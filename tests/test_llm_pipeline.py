@@ -363,6 +363,38 @@ def test_authors_split_is_object_balanced_and_drops_training_subjects():
                                             if i not in train) == 12
 
 
+def test_causality_cap_keeps_every_object_and_leaves_faithfulness_alone(tiny, monkeypatch, one_thread):
+    """``max_causality`` edits at most that many pairs per trial, round-robin over their objects, drawn from its own
+    seed stream: the trials' splits, filters and faithfulness are those of the uncapped run."""
+    import numpy as np
+
+    import mechfact
+    from mechfact.llm.lre_authors import cap_pairs
+
+    pairs = [(i, i + 100) for i in range(12)]
+    objects = ["red"] * 8 + ["blue"] * 3 + ["green"]
+    for seed in range(10):
+        kept = cap_pairs(pairs, objects, 3, np.random.default_rng(seed))
+        assert sorted(objects[i] for i, _ in kept) == ["blue", "green", "red"] and kept == sorted(kept)
+    assert cap_pairs(pairs, objects, 20, np.random.default_rng(0)) == pairs
+    from mechfact.llm import lre_authors as A
+
+    # a deterministic judge (every fact known but the teal ones), so both runs filter the same facts
+    monkeypatch.setattr(A, "prefix_match", lambda tok, token, objects: objects[0] != "teal")
+    lm = tiny["models"]["llama"]
+    rel = _noise_relation()
+    kw = dict(layer=1, n_train=4, n_trials=2, chunk=16, ranks=[8, 48])
+    full = mechfact.lre(lm, rel, **kw).to_dict()
+    capped = mechfact.lre(lm, rel, max_causality=5, **kw).to_dict()
+    assert capped["max_causality"] == 5 and full["max_causality"] is None
+    for a, b in zip(full["trials"], capped["trials"]):
+        assert a["n_causality"] == b["n_causality_candidates"] > 5 and b["n_causality"] == 5
+        assert a["train_subjects"] == b["train_subjects"] and a["n_test"] == b["n_test"]
+    assert capped["faithfulness_by_beta"] == full["faithfulness_by_beta"] and capped["causality_n"] <= 10
+    with pytest.raises(ValueError, match="max_causality 5"):
+        mechfact.lre(lm, rel, max_causality=5, protocol="mechfact", layer=1)
+
+
 def _noise_relation(n=60, n_obj=6):
     from mechfact.llm.relations import Relation
 

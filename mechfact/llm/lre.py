@@ -69,6 +69,7 @@ class LreConfig(DictConfig):
     template: int = 0
     max_samples: int | None = None  # cap per relation file (authors: taken round-robin over objects); None: all
     max_test: int | None = None  # cap on test facts per relation (None = all known facts left)
+    max_causality: int | None = None  # authors: cap on a trial's causality edits (None = one per test fact)
     chunk: int | None = None  # Jacobian input directions per tangent product (None: all at once; lower: less memory)
     protocol: str = "authors"  # authors: Hernandez et al.'s code (module docstring) | mechfact: the first protocol
     n_trials: int = DEFAULT_TRIALS  # authors: trials (split, prompt, filter, operator) averaged; 24 as the paper
@@ -92,6 +93,11 @@ class LreConfig(DictConfig):
         check_choice("facts", self.facts, ("known", "all"))
         if self.max_test is not None:
             check_int("max_test", self.max_test, 1)
+        if self.max_causality is not None:
+            check_int("max_causality", self.max_causality, 1)
+            if self.protocol != "authors":
+                raise ValueError(f"max_causality {self.max_causality}: a cap of the authors' protocol; protocol "
+                                 f"{self.protocol!r} edits every test fact (use protocol 'authors' or drop the cap)")
         if self.chunk is not None:
             check_int("chunk", self.chunk, 1)
         check_int("batch_size", self.batch_size, 1)
@@ -189,7 +195,8 @@ def lre(lm: LanguageModel, relation, layer: int | None = None, *, seed: int = 0,
 
     ``relation``: a :class:`~mechfact.llm.relations.Relation` (or a one-relation file). ``options``: any
     :class:`LreConfig` field (``beta``, ``rank``, ``ranks``, ``n_train``, ``n_trials``, ``facts``, ``protocol``,
-    ``k_shot``, ``template``, ``max_samples``, ``max_test``, ``chunk``, ``batch_size``, ``cache_states``),
+    ``k_shot``, ``template``, ``max_samples``, ``max_test``, ``max_causality``, ``chunk``, ``batch_size``,
+    ``cache_states``),
     defaults as ``mechfact llm lre``. Several layers: :func:`lre_sweep`.
     """
     if isinstance(layer, (list, tuple)):

@@ -16,7 +16,10 @@ As their sweep (github evandez/relations, ``src/sweeps.py``) runs it, per trial 
    norm and unembedding) is a prefix of the fact's own object.
 6. **Causality** of test fact ``i`` toward target ``j`` (another TEST fact, drawn at random among those with
    another subject and another object): the model, with ``s_i <- s_i + pinv_r(J) (z_j - z_i)``, answers ``j``'s
-   object.
+   object. Every edit is a run of the prompt's tail per rank, by far the protocol's largest cost on a relation
+   the model knows well; ``max_causality`` (default None: every test fact, as the authors) caps a trial's edits
+   at that many pairs, taken round-robin over their objects (:func:`cap_pairs`; faithfulness still scores every
+   test fact; rows carry ``max_causality`` and each trial its ``n_causality_candidates``).
 
 What the authors chose on the scored facts is chosen here without them (``selected_on`` in every row):
 
@@ -90,6 +93,15 @@ def stratified_subset(rel, max_samples: int | None, seed: int = 0):
     keep, _ = max_coverage_split(rel.objects, rel.subjects, max_samples, rng)
     return Relation(rel.name, rel.prompt_templates, [rel.samples[i] for i in keep], kind=rel.kind,
                     description=rel.description, source=rel.source)
+
+
+def cap_pairs(pairs: list, objects: list, cap: int, rng: np.random.Generator) -> list:
+    """At most ``cap`` of a trial's edit pairs, taken round-robin over their source facts' objects in a seeded
+    random order (:func:`max_coverage_split`), in their original order."""
+    if len(pairs) <= cap:
+        return list(pairs)
+    keep, _ = max_coverage_split([str(o) for o in objects], [str(k) for k in range(len(pairs))], cap, rng)
+    return [pairs[k] for k in keep]
 
 
 def _pick(scores: np.ndarray, values: list, prefer) -> int:
@@ -217,6 +229,10 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False)
             others = [j for j in kept if rel.subjects[j] != rel.subjects[i] and target(j) != target(i)]
             if others:
                 pairs.append((i, int(rng.choice(others))))
+        n_pairs = len(pairs)
+        if cfg.max_causality is not None and n_pairs > cfg.max_causality:
+            pairs = cap_pairs(pairs, [target(i) for i, _ in pairs], cfg.max_causality,
+                              np.random.default_rng(derive_seed(seed, f"llm.lre.authors.causality.{rel.name}", t)))
         train_pairs = []
         for i in train:
             others = [j for j in train if rel.subjects[j] != rel.subjects[i] and target(j) != target(i)]
@@ -267,10 +283,11 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False)
                     acc["caus"].add(t, subj_ids[rel.subjects[i]], hits[:, 0])
                     acc["proj"].add(t, subj_ids[rel.subjects[i]], hits[:, 1])
         trials_meta.append({"train_subjects": [rel.subjects[i] for i in train], "n_test": len(kept),
-                            "n_causality": len(pairs), "skipped": False})
+                            "n_causality": len(pairs), "n_causality_candidates": n_pairs, "skipped": False})
     head = {"relation": rel.name, "kind": rel.kind, "n_samples": n, "n_train": cfg.n_train,
             "n_trials": sum(not m["skipped"] for m in trials_meta), "n_trials_asked": T,
-            "n_known": len(known_facts), "protocol": "authors", "beta": fixed}
+            "n_known": len(known_facts), "protocol": "authors", "beta": fixed,
+            "max_causality": cfg.max_causality}
     rows = [_layer_row(head, per_layer[l], majority, trials_meta, scored_objects, ranks, fixed, l, seed)
             for l in layers]
     return rows, op
