@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .jacobian_batched import _copies, _prefix_cache, _putter, jacobian_copies  # noqa: F401 (public here too)
+from .jacobian_batched import jacobian_copies
 from .jacobian_blocks import _CFG_FLAGS, _Block, _block, _capture, _mask, _Mismatch
 from .jacobian_linear import _as, _lin, _norm, _NormLin, _rope, _rope_t
 

@@ -1,7 +1,8 @@
 """The batched-copies Jacobian (:func:`jacobian_copies`): reverse-mode autograd through the bridge, for any
 model the bridge runs; :func:`mechfact.llm.jacobian.jacobian` falls back to it. The prefix key/value cache and
-the copies of it (:func:`_prefix_cache`, :func:`_copies`, :func:`_putter`) are shared with
-:mod:`mechfact.llm.lre_operator`.
+the copies of it (:func:`_prefix_cache`, :func:`_copies`) are shared with :mod:`mechfact.llm.lre_operator` and
+:mod:`mechfact.llm.shared_heads`; :func:`_putter` is the Jacobian's own hook (the subject at the suffix's first
+position, built for the backward pass; edits at any position use ``lre_operator._putter_at``).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from tqdm.auto import tqdm
 
 from .. import hooks
 from ..probes.queries import ProbeSet, Site, _cache_file, _read_cache, _write_cache
-from .jacobian import _copies, _prefix_cache, jacobian
-from .jacobian_batched import keep_last
+from .jacobian import jacobian
+from .jacobian_batched import _copies, _prefix_cache, keep_last
 from .loading import LanguageModel
 from .shared_heads import Heads, states_shared
 
