@@ -10,7 +10,8 @@ What it runs, per packaged model (``mechfact llm models``; install lines in the 
 * ``mechfact llm probe --layers all --k-shot 3 --max-samples 40`` (the 14 shipped relations);
 * ``mechfact llm lre --relations DIR/{factual,linguistic}``: the authors' protocol with its defaults (whole
   relation files, 8 trials, fixed beta 2.25, rank chosen on training facts) at the middle layer, and a layer
-  sweep (``--layers``; faithfulness and edit layers chosen on training facts) on the relations of ``SWEEP``;
+  sweep (``--layers``; faithfulness and edit layers chosen on training facts) on the relations of ``SWEEP``, its
+  causality edits capped at ``SWEEP_MAX_CAUSALITY`` per trial and layer (``--max-causality``);
 * ``mechfact llm superposition`` on the shipped countries at every ``STRIDE``-th layer.
 
 Run folders: ``runs/fam/<model>/{probe,lre_authors_factual,lre_authors_linguistic,lre_layers_<part>,superposition}``.
@@ -40,6 +41,7 @@ SWEEP_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")  # Qwen's: ~20 mi
 SWEEP_LAYERS = {"smollm2-135m": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15", "qwen2.5-0.5b": "2,7,12,16,20"}
 STRIDE = {"smollm2-135m": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
           "qwen2.5-0.5b": "0,3,6,9,12,15,18,21,23"}
+SWEEP_MAX_CAUSALITY = 64  # the sweep's edits per trial and layer: edits are most of its cost on a known relation
 LRE_LAYER = {"smollm2-135m": 15, "gemma3-270m": 9, "qwen2.5-0.5b": 12}  # n_layers // 2, the default
 # The authors' LRE faithfulness (recall@1, in-context prompt) per relation for GPT-J and LLaMA-13B, as stored in
 # their repository evandez/relations, notebooks/figures/relation_order_{gptj,llama-13b}.json (commit 093c389),
@@ -74,7 +76,8 @@ def run(out: Path, data: Path) -> None:
             jobs.append((out / m / f"lre_authors_{part}", lre + ["--relations", str(data / part)]))
         for part in PARTS if m in SWEEP_MODELS else ():
             jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(data / part), "--relation-names",
-                                                                 *SWEEP[part], "--layers", SWEEP_LAYERS[m]]))
+                                                                 *SWEEP[part], "--layers", SWEEP_LAYERS[m],
+                                                                 "--max-causality", str(SWEEP_MAX_CAUSALITY)]))
         jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m]]))
         jobs.append((out / m / "superposition_words", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
                                                        "--prompt", "words"]))
@@ -395,18 +398,35 @@ def superposition_statement(out: Path, name: str) -> str:
     return "\n".join(lines)
 
 
+def _relation_names(folder: Path) -> set[str]:
+    """The relations a run folder holds or was asked for (its config's ``relation_names``)."""
+    names = {x["relation"] for x in (_read(folder / "result.json") or {}).get("per_relation", [])}
+    asked = ((_read(folder / "config.json") or {}).get("config") or {}).get("relation_names") or []
+    return names | set(asked)
+
+
+def _part_folders(out: Path, m: str, name: str) -> list[Path]:
+    siblings = sorted((out / m).glob(f"{name}_*")) if name.startswith("lre_") else []
+    return [f for f in [out / m / name, *siblings] if (f / "result.json").is_file()]
+
+
 def _part_status(out: Path, m: str, name: str) -> str:
     """finished / partial / not run, over the folder and its ``<name>_*`` siblings (a part split over several
-    processes); LRE parts say how many relations their folders hold."""
-    siblings = sorted((out / m).glob(f"{name}_*")) if name.startswith("lre_") else []
-    folders = [f for f in [out / m / name, *siblings] if (f / "result.json").is_file()]
+    processes); LRE parts say how many relations their folders hold, of all those any model's folders of the part
+    hold or were asked for."""
+    folders = _part_folders(out, m, name)
     if not folders:
         return "not run"
     done = all((f / "meta.json").is_file() for f in folders)
     state = "finished" if done else "partial (stopped or running; rerun --run to resume)"
     if name.startswith("lre_"):
         n = sum(len((_read(f / "result.json") or {}).get("per_relation", [])) for f in folders)
-        state += f", {n} relations"
+        every = set().union(*[_relation_names(f) for mm in MODELS for f in _part_folders(out, mm, name)])
+        if n < len(every):
+            state = (f"{state}, {n} of {len(every)} relations" if not done
+                     else f"{n} of {len(every)} relations (the rest not run)")
+        else:
+            state += f", {n} relations"
     return state + (f", {len(folders)} folders" if len(folders) > 1 else "")
 
 

@@ -178,3 +178,25 @@ def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
     with pytest.raises(SystemExit):
         F.main(["--out", str(out), "--resume-from", str(shipped)])
     assert "--resume-from needs --run" in capsys.readouterr().err
+
+
+def test_run_status_counts_relations_against_every_model_and_every_request(tmp_path):
+    """A model whose folders are finished but hold fewer relations than another model's (or than a folder's
+    --relation-names asks for) is not reported as finished; a cap on causality edits shows in the cell."""
+    _write(tmp_path, "smollm2-135m", [_row(n, lambda b: 0.5, 1.0) for n in ("a", "b")])
+    _write(tmp_path, "gemma3-270m", [_row("a", lambda b: 0.5, 1.0)])
+    asked = tmp_path / "qwen2.5-0.5b" / "lre_authors_factual_big"
+    asked.mkdir(parents=True)
+    (asked / "result.json").write_text(json.dumps({"per_relation": []}))
+    (asked / "config.json").write_text(json.dumps({"kind": "llm.lre", "seed": 0,
+                                                   "config": {"relation_names": ["a", "b", "c"]}}))
+    for m in F.MODELS[:2]:
+        (tmp_path / m / "lre_authors_factual" / "meta.json").write_text("{}")
+    assert F._part_status(tmp_path, "smollm2-135m", "lre_authors_factual") == "2 of 3 relations (the rest not run)"
+    assert F._part_status(tmp_path, "gemma3-270m", "lre_authors_factual") == "1 of 3 relations (the rest not run)"
+    assert F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual").startswith("partial")
+    assert "0 of 3 relations" in F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual")
+    (asked / "config.json").unlink()
+    assert F._part_status(tmp_path, "smollm2-135m", "lre_authors_factual") == "finished, 2 relations"
+    assert "≤64 edits/trial" in F._lre_cell({**_row("a", lambda b: 0.5, 1.0), "max_causality": 64})
+    assert "edits/trial" not in F._lre_cell(_row("a", lambda b: 0.5, 1.0))
