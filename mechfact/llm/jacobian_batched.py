@@ -1,8 +1,8 @@
 """The batched-copies Jacobian (:func:`jacobian_copies`): reverse-mode autograd through the bridge, for any
 model the bridge runs; :func:`mechfact.llm.jacobian.jacobian` falls back to it. The prefix key/value cache and
 the copies of it (:func:`_prefix_cache`, :func:`_copies`) are shared with :mod:`mechfact.llm.lre_operator` and
-:mod:`mechfact.llm.shared_heads`; :func:`_putter` is the Jacobian's own hook (the subject at the suffix's first
-position, built for the backward pass; edits at any position use ``lre_operator._putter_at``).
+:mod:`mechfact.llm.shared_heads`; the hook that sets one position of every copy (:func:`_putter_at`) with
+:mod:`mechfact.llm.lre_operator`'s edited runs.
 """
 
 from __future__ import annotations
@@ -60,12 +60,13 @@ def _copies(pkv, layer: int, B: int):
     return kv
 
 
-def _putter(states: torch.Tensor):
-    """Hook: the subject position (the suffix's first) takes ``states`` (B, d); the rest is the one run's."""
-    B = states.shape[0]
-
+def _putter_at(states: torch.Tensor, at: int):
+    """Hook: the one run becomes ``B`` copies, copy k with position ``at`` set to ``states[k]`` (differentiable in
+    ``states``: the Jacobian's hook at the suffix's first position, and every edited run's)."""
     def put(act, hook):
-        return torch.cat([states[:, None].to(act.dtype), act[:, 1:].expand(B, -1, -1)], 1)
+        out = act.expand(states.shape[0], -1, -1).clone()
+        out[:, at] = states.to(act.dtype)
+        return out
     return put
 
 
@@ -100,7 +101,8 @@ def _jacobian_copies(lm, tokens: list[int], pos: int, layer: int, chunk: int):
         s = s0.to(lm.dtype).expand(B, d).clone().requires_grad_(True)
         with torch.enable_grad():
             try:
-                b.run_with_hooks(suffix, past_key_values=kv, fwd_hooks=[(name_s, _putter(s)), (name_o, take_o)])
+                b.run_with_hooks(suffix, past_key_values=kv,
+                                 fwd_hooks=[(name_s, _putter_at(s, 0)), (name_o, take_o)])
             except _Stop:
                 pass
             o = got.pop("o")

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .. import hooks
 from ..probes.queries import ProbeSet, Site, _cache_file, _read_cache, _write_cache
 from .jacobian import jacobian
-from .jacobian_batched import _copies, _prefix_cache, keep_last
+from .jacobian_batched import _copies, _prefix_cache, _putter_at, keep_last
 from .loading import LanguageModel
 from .shared_heads import Heads, states_shared
 
@@ -118,15 +118,6 @@ def edited_logits(lm: LanguageModel, tokens: list[int], pos: int, layer: int, st
                                               fwd_hooks=[(hooks.resid(layer, "post"), put)], **keep)
             out.append(logits[:, -1].float().cpu())
     return torch.cat(out)
-
-
-def _putter_at(states: torch.Tensor, at: int):
-    """Hook: the one run becomes ``B`` copies, copy k with position ``at`` set to ``states[k]``."""
-    def put(act, hook):
-        out = act.expand(states.shape[0], -1, -1).clone()
-        out[:, at] = states.to(act.dtype)
-        return out
-    return put
 
 
 def edited_predictions(lm: LanguageModel, tokens: list[int], pos: int, layer: int, states: torch.Tensor,
