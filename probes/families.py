@@ -17,7 +17,8 @@ What it runs, per packaged model (``mechfact llm models``; install lines in the 
 Run folders: ``runs/fam/<model>/{probe,lre_authors_factual,lre_authors_linguistic,lre_layers_<part>,superposition}``.
 Reruns skip finished runs (and a stopped run resumes relation by relation). Every number printed comes from
 these run folders; a part split over several processes (``lre_authors_<part>_*``, each with its own
-``--relation-names``) is read as one. (One script of ~470 lines: running the parts, reading them back and
+``--relation-names``) is read as one, and ``--run`` finishes it without running a relation twice
+(:func:`lre_part_jobs`). (One script of ~470 lines: running the parts, reading them back and
 writing the page share the run-folder layout, so they stay together.)
 """
 
@@ -73,7 +74,7 @@ def run(out: Path, data: Path) -> None:
                                       "--max-samples", "40"])]
         lre = ["llm", "lre", "--model", m]
         for part in PARTS:
-            jobs.append((out / m / f"lre_authors_{part}", lre + ["--relations", str(data / part)]))
+            jobs += lre_part_jobs(out, m, part, data)
         for part in PARTS if m in SWEEP_MODELS else ():
             jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(data / part), "--relation-names",
                                                                  *SWEEP[part], "--layers", SWEEP_LAYERS[m],
@@ -85,6 +86,66 @@ def run(out: Path, data: Path) -> None:
             if (folder / "meta.json").is_file():
                 continue
             subprocess.run(cli + argv + ["--threads", "1", "--quiet", "--out", str(folder)], check=True)
+
+
+# LreConfig fields a split part's folder may set, and their flags (the rest must be at their defaults)
+_LRE_FLAGS = {"relation_names": "--relation-names", "max_causality": "--max-causality", "n_trials": "--trials",
+              "max_samples": "--max-samples", "max_test": "--max-test", "n_train": "--n-train", "beta": "--beta",
+              "layer": "--layer", "layers": "--layers", "ranks": "--ranks", "k_shot": "--k-shot",
+              "template": "--template", "facts": "--facts"}
+
+
+def _lre_args(folder: Path) -> list[str]:
+    """The ``mechfact llm lre`` flags (beyond --model, --relations, --out) that rebuild ``folder``'s config."""
+    from mechfact.llm.lre import LreConfig
+
+    cfg, default = (_read(folder / "config.json") or {}).get("config") or {}, LreConfig().to_dict()
+    args = []
+    for k, v in cfg.items():
+        if k in ("model", "relations") or v == default.get(k, v):
+            continue
+        if k not in _LRE_FLAGS:
+            raise ValueError(f"{folder}: config field {k} = {v!r} has no flag here; resume it by hand")
+        vals = v if k == "relation_names" else [",".join(map(str, v))] if isinstance(v, list) else [str(v)]
+        args += [_LRE_FLAGS[k], *vals]
+    return args
+
+
+def lre_part_jobs(out: Path, m: str, part: str, data: Path) -> list[tuple[Path, list[str]]]:
+    """The runs that finish model ``m``'s authors'-protocol LRE on ``data/part``.
+
+    Unsplit (no ``lre_authors_<part>_*`` folder): the one folder of the whole part. Split over several folders
+    (as the shipped runs are): each unfinished folder resumes with its own config when every relation it still
+    asks for is held by no other folder; a relation that no folder holds and none of those will run goes to
+    ``lre_authors_<part>_capped`` (causality capped at ``SWEEP_MAX_CAUSALITY`` edits per trial, as the shipped
+    large files), so no relation runs twice."""
+    from mechfact.llm.relations import load_relations
+
+    base = out / m / f"lre_authors_{part}"
+    lre = ["llm", "lre", "--model", m, "--relations", str(data / part)]
+    folders = [f for f in [base, *sorted((out / m).glob(f"{base.name}_*"))] if (f / "config.json").is_file()]
+    if folders == [base] or not folders:
+        return [(base, lre)]
+    every = [r.name for r in load_relations(str(data / part))]
+    rows = {f: {x["relation"] for x in (_read(f / "result.json") or {}).get("per_relation", [])} for f in folders}
+    held = set().union(*rows.values())
+    jobs, coming = [], set()
+    for f in folders:
+        if (f / "meta.json").is_file():
+            continue
+        asked = ((_read(f / "config.json") or {}).get("config") or {}).get("relation_names") or every
+        left = set(asked) - rows[f]
+        if left and not left & held and not left & coming:
+            jobs.append((f, lre + _lre_args(f)))
+            coming |= left
+    missing = [r for r in every if r not in held and r not in coming]
+    if missing:
+        rest = out / m / f"{base.name}_capped"
+        k = 2
+        while (rest / "config.json").is_file():
+            rest, k = out / m / f"{base.name}_capped{k}", k + 1
+        jobs.append((rest, lre + ["--relation-names", *missing, "--max-causality", str(SWEEP_MAX_CAUSALITY)]))
+    return jobs
 
 
 RUN_FILES = ("config.json", "result.json", "meta.json", ".elapsed.json")  # .elapsed.json: an unfinished run's time

@@ -200,3 +200,46 @@ def test_run_status_counts_relations_against_every_model_and_every_request(tmp_p
     assert F._part_status(tmp_path, "smollm2-135m", "lre_authors_factual") == "finished, 2 relations"
     assert "≤64 edits/trial" in F._lre_cell({**_row("a", lambda b: 0.5, 1.0), "max_causality": 64})
     assert "edits/trial" not in F._lre_cell(_row("a", lambda b: 0.5, 1.0))
+
+
+def test_run_plan_finishes_a_split_part_without_running_a_relation_twice(tmp_path, monkeypatch):
+    """--run on a part split over several folders: an unfinished folder resumes with its own config (the flags
+    rebuild that config exactly), one whose remaining relations another folder holds is left alone, and only
+    the relations no folder holds or will run go to a new capped folder; an unsplit part stays one folder."""
+    from mechfact import cli
+    from mechfact.llm import lre as L
+    from mechfact.runs import RunDir, _same_config
+    from tests.llm_tiny import TINY_RELATIONS
+
+    data = tmp_path / "data"
+    for part, names in (("factual", "abcde"), ("linguistic", "xy")):
+        (data / part).mkdir(parents=True)
+        for n in names:
+            rel = {**TINY_RELATIONS["tiny_colour"], "name": n}
+            (data / part / f"{n}.json").write_text(json.dumps(rel))
+    out, m = tmp_path / "runs", "gemma3-270m"
+
+    def folder(name, rows, done, **cfg):
+        c = L.LreConfig(model=m, relations=str(data / "factual"), **cfg)
+        run = RunDir(out / m / name, c.to_dict(), kind="llm.lre", seed=0, device="cpu", model_id=m)
+        run.write_result({"per_relation": [{"relation": r} for r in rows]})
+        if done:
+            (out / m / name / "meta.json").write_text("{}")
+        from mechfact.runs import release
+        release(out / m / name)
+        return c
+
+    folder("lre_authors_factual_small", ["a"], True, relation_names=["a"])
+    folder("lre_authors_factual_large", ["b"], False, relation_names=["b", "c"])  # c: held by _more below
+    more = folder("lre_authors_factual_more", ["c"], False, relation_names=["c", "d"], max_causality=16,
+                  n_trials=24, layers=[1, 3])
+    jobs = F.lre_part_jobs(out, m, "factual", data)
+    assert [f.name for f, _ in jobs] == ["lre_authors_factual_more", "lre_authors_factual_capped"]
+    argv = jobs[1][1]
+    assert argv[argv.index("--relation-names") + 1:] == ["e", "--max-causality", str(F.SWEEP_MAX_CAUSALITY)]
+    seen = {}
+    monkeypatch.setattr(L, "run_llm_lre", lambda cfg, out, **kw: seen.update(cfg=cfg))
+    cli.main(jobs[0][1] + ["--out", str(jobs[0][0])])
+    assert _same_config(more.to_dict(), seen["cfg"].to_dict()) and seen["cfg"].to_dict() == more.to_dict()
+    assert F.lre_part_jobs(out, m, "linguistic", data) == [
+        (out / m / "lre_authors_linguistic", ["llm", "lre", "--model", m, "--relations", str(data / "linguistic")])]
