@@ -336,7 +336,13 @@ def lre_table(out: Path, part: str | None = None) -> str:
                         f"{_ci(s, 'mean_faithfulness')}, at the model beta {mb} {_ci(s, 'mean_faithfulness_model_beta')}, "
                         f"bias only {_ci(s, 'mean_faithfulness_bias_only')}, majority object "
                         f"{_ci(s, 'mean_majority_baseline')}, C {_ci(s, 'mean_causality')}")
-    for r in spearman_rows(out, part):
+    sp = spearman_rows(out, part)
+    if sp:
+        rows.append("\nSpearman's rho of F(β*) (one beta per model, chosen on training facts: the authors' rule) at "
+                    "the middle layer against the published F (theirs at the layer each relation's causality chose; "
+                    "the layer sweep below shows how far the layer moves F), over the non-degenerate relations "
+                    "both have; interval: bootstrap over relations; p: permutation test.")
+    for r in sp:
         rows.append(f"\nSpearman {r['model']} vs {r['reference']} ({r['rho_n']} relations): rho {r['rho']:.2f} "
                     f"[{r['rho_ci'][0]:.2f}, {r['rho_ci'][1]:.2f}], permutation p {r['p_value']:.3f}")
     return "\n".join(rows)
