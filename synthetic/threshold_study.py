@@ -101,7 +101,7 @@ def compute_one(regime: str, n: int, r: int, a: int, d: int, mlp_width: int, see
             "stopped": fit.stopped,
             "train_config": dataclasses.asdict(tcfg), "model_options": model_options, **probes.records[0],
             "chance": 1.0 / a,
-            "wall_time_s": round(time.time() - t0, 1), **(extra or {})}
+            "wall_time_s": round(time.time() - t0, 1), "device": str(device), **(extra or {})}
     return {"summary": summ, "probes": {"probes": probes.to_dict(), "history": fit.history}}
 
 
@@ -277,19 +277,20 @@ def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[l
 
     recs: dict[tuple, dict] = {}
     parts = []
-    for f in sorted((src / "capacity").glob("pool_N*/result.json")):
+    # a part of one pool (pool_N4096_A64, the one the mechanism runs take d* from) before the part of every pool
+    for f in sorted((src / "capacity").glob("pool_N*/result.json"), key=lambda f: ("_A" not in f.parent.name, f)):
         if not re.fullmatch(r"pool_N\d+(_A(\d+|N))?" + re.escape(suffix), f.parent.name):
             continue
         got = [t for t in read_json(f)["thresholds"] if t.get("searched", "d") == searched
                and (searched != "d" or t["embeddings"] == "trainable")]
-        for t in got:  # a setting in two parts (pool_N4096 and pool_N4096_A64): the one that found a threshold
+        for t in got:  # a setting in two parts (pool_N4096 and pool_N4096_A64): the first that found a threshold
             key = (t["subjects"], t["relations"], t["attributes"], t["embeddings"], t["seed"],
                    t.get("d") if searched == "mlp-width" else t.get("mlp_width"))
             if key not in recs or (recs[key]["threshold"] is None and t["threshold"] is not None):
                 recs[key] = t
         if got:
             parts.append(f.parent.name)
-    return list(recs.values()), parts
+    return list(recs.values()), sorted(parts)
 
 
 WIDTH_REGIMES = ("trainable", "frozen-input", "frozen")
@@ -416,9 +417,11 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         "model predicts over the A attributes; a setting reaches when the accuracy over all N R facts is >= 99%; "
         "d* is the smallest grid value that reaches (bisection; MLP width 64, Adam 3e-2 with warm-up and cosine "
         "decay, 2000 steps, stopped at 99%).", "",
+        *_device_line(src, recs),
         "## 1. The width threshold d*", "",
         dstar_table(summ) if summ else "(no capacity runs)", "",
         *_power_line(recs),
+        *_twice_line(src),
         "Intervals: 95% bootstrap over seeds (each seed's world and initialisation resampled whole). `<=`: the "
         "threshold sat at the grid's smallest value in some seed. "
         + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the "
@@ -585,6 +588,59 @@ def _map_section(rows: list[dict]) -> list[str]:
 MAP_SCALE = (4096, 8, 64)  # the regime map the paper's scale asks for
 
 
+def on_cpu(x: dict) -> bool:
+    """A threshold or model summary made on the CPU (records from before ``device`` was recorded all were)."""
+    return str(x.get("device", "cpu")).startswith("cpu")
+
+
+def _twice_line(src: Path) -> list[str]:
+    """The d* settings searched in two parts (a pool's own part and the part of every pool, on their own grids and
+    perhaps devices): how many agree, and the ones that do not."""
+    import re
+
+    from mechfact.runs import read_json
+
+    seen: dict[tuple, list] = {}
+    for f in sorted((src / "capacity").glob("pool_N*/result.json")):
+        if not re.fullmatch(r"pool_N\d+(_A(\d+|N))?", f.parent.name):
+            continue
+        for t in read_json(f)["thresholds"]:
+            if t.get("searched", "d") == "d" and t["embeddings"] == "trainable":
+                key = (t["subjects"], t["relations"], t["attributes"], t["seed"])
+                seen.setdefault(key, []).append((f.parent.name, t["threshold"], t.get("device", "cpu")))
+    twice = {k: v for k, v in seen.items() if len(v) > 1}
+    if not twice:
+        return []
+    same = [k for k, v in twice.items() if len({x[1] for x in v}) == 1]
+    diff = [f"N = {k[0]}, R = {k[1]}, A = {k[2]}, seed {k[3]}: " + " vs ".join(
+        f"{x[1]} ({x[0]}, {x[2]})" for x in v) for k, v in twice.items() if k not in same]
+    return [f"Settings searched in two parts (their own grids, perhaps devices): {len(same)} of {len(twice)} give the "
+            "same d*" + (f"; differ: {'; '.join(diff)} (the table takes the pool's own part)" if diff else "") + ".",
+            ""]
+
+
+def _device_line(src: Path, recs: list[dict]) -> list[str]:
+    """Which records of the page were made on a GPU (their ``device``); none: nothing."""
+    from synthetic import regime_map
+
+    gpu_t = [t for t in recs + pool_thresholds(src, "mlp-width", "_width")[0] if not on_cpu(t)]
+    rows = [x for x in collect(src / "threshold") + regime_map.collect(src / "map") if not on_cpu(x)]
+    if not gpu_t and not rows:
+        return []
+    devs = sorted({x["device"] for x in gpu_t + rows})
+    what = ([f"{len(gpu_t)} of the thresholds in section 1 (searched with `--device cuda`, the rest on one CPU "
+             "thread)"] if gpu_t else []) + \
+        ([f"{len(rows)} of the trained models in sections 2 and 3 ("
+          + ", ".join(f"N = {x['subjects']}, R = {x['relations']}, A = {x['world_attributes']} "
+                      f"{x.get('variant') or x['regime'] + ' x' + format(x['factor'], 'g')} seed {x['seed']}"
+                      if "world_attributes" in x else
+                      f"N = {x['subjects']}, R = {x['relations']}, A = {x['attributes']} {x['regime']} "
+                      f"x{x['factor']:g} seed {x['seed']}" for x in rows) + ")"] if rows else [])
+    return [f"Made on a GPU ({', '.join(devs)}; each record's `device`): " + "; ".join(what) + ". Same code and "
+            "seeds; floating-point sums differ between devices, so such a model is another draw of the same "
+            "training, not the CPU's numbers. The CPU-hour estimates below use CPU-timed runs alone.", ""]
+
+
 def _map_estimate(rows: list[dict]) -> str:
     """The regime map at N = 4096, R = 8, A = 64: what is left of it and its cost from the measured models (each
     missing model at its variant's finished seed's time, else at a finished variant's of the same regime, width
@@ -601,26 +657,36 @@ def _map_estimate(rows: list[dict]) -> str:
     big = [x for x in rows if (x["subjects"], x["relations"], x["world_attributes"]) == MAP_SCALE]
     if big:
         done = {(x["variant"], x["seed"]) for x in big}
+        big = [x for x in big if on_cpu(x)] or big  # CPU hours from CPU-timed models
         missing = [(v, s) for v in regime_map.VARIANTS for s in regime_map.SEEDS if (v, s) not in done]
         if not missing:
             return ""
         median = statistics.median(x["wall_time_s"] for x in big)
         own = {x["variant"]: x["wall_time_s"] for x in big}
 
+        def pool(v: str) -> int:  # the variant's output count A
+            got = regime_map.VARIANTS[v].attributes
+            return n if got == "N" else got or a
+
         def shape(v: str) -> tuple:
-            return regime_map.VARIANTS[v].regime, regime_map.VARIANTS[v].factor, regime_map.VARIANTS[v].mlp_width
+            var = regime_map.VARIANTS[v]
+            return var.regime, var.factor, var.mlp_width, pool(v) > a
 
         def cost(v: str) -> float:  # its own time, else a measured variant of the same regime and shape, else median
             same = [t for u, t in own.items() if u in regime_map.VARIANTS and shape(u) == shape(v)]
             return own.get(v, statistics.median(same) if same else median)
 
+        larger = sorted({v for v, _ in missing if pool(v) > a and not any(
+            u in regime_map.VARIANTS and shape(u) == shape(v) for u in own)})
         hours = sum(cost(v) for v, _ in missing) / 3600
         return (f"\n- The regime map at N = {n}, R = {r}, A = {a}: {len(done)} of "
                 f"{len(regime_map.VARIANTS) * len(regime_map.SEEDS)} models in section 3; the other {len(missing)} ("
                 + ", ".join(f"{v} seed {s}" for v, s in missing)
                 + f") about {hours:.1f} CPU hours on one thread (each at its variant's measured time, else at that of "
                 "a measured variant of the same regime and shape, else the median model's, "
-                f"{median / 60:.0f} min): {cmd}, after `cp -r docs/runs/pool/map runs/regime_map` (a rerun skips the "
+                f"{median / 60:.0f} min"
+                + (f"; a lower bound for {', '.join(larger)}, whose pool is larger than any measured model's"
+                   if larger else "") + f"): {cmd}, after `cp -r docs/runs/pool/map runs/regime_map` (a rerun skips the "
                 "finished models in its `--out`).")
     world = max({(x["subjects"], x["relations"], x["world_attributes"]) for x in rows}, key=lambda w: (w[1], w))
     total = sum(x["wall_time_s"] for x in rows if (x["subjects"], x["relations"], x["world_attributes"]) == world)

@@ -194,9 +194,12 @@ def test_the_unfinished_regime_map_at_n4096_lists_its_missing_models_and_their_m
     assert f"about {240 * 16 / 3600:.1f} CPU hours" in text and "--capacity runs/facts/pool_N4096_A64" in text
     big = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": v, "seed": 0, "wall_time_s": t}
            for v, t in (("default", 360.0), ("geometric", 3600.0), ("A-16", 720.0), ("geo-no-l2", 1800.0))]
-    text = T._map_estimate(small + big)
+    # a model made on a GPU counts as run, but its time is no CPU time: loss-mse seed 1 is costed as if none ran
+    gpu = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": "loss-mse", "seed": 0,
+            "wall_time_s": 1.0, "device": "cuda"}]
+    text = T._map_estimate(small + big + gpu)
     n_all = len(regime_map.VARIANTS) * 2
-    missing = n_all - 4
+    missing = n_all - 5
     own = {"default": 360.0, "geometric": 3600.0, "A-16": 720.0, "geo-no-l2": 1800.0}
 
     def expected(v: str) -> float:  # a missing model: its variant's time, else a same-shape variant's, else the median
@@ -205,15 +208,59 @@ def test_the_unfinished_regime_map_at_n4096_lists_its_missing_models_and_their_m
             return own[v]
         if var.regime == "geometric" and var.factor == 0.0:  # d = 128, MLP 256: geo-no-l2's shape
             return 1800.0
-        if var.factor == 3.0 and var.mlp_width is None and var.attributes is None or v == "A-N":
+        if var.factor == 3.0 and var.mlp_width is None and v != "A-N":
             return 3600.0 if var.regime == "geometric" else 540.0  # median of default and A-16
-        return 1260.0  # median of the four measured models
+        return 1260.0  # median of the four CPU-timed models (A-N: no measured model has its pool A = N)
 
     hours = sum(expected(v) for v in regime_map.VARIANTS) / 3600 + sum(
-        expected(v) for v in regime_map.VARIANTS if v not in own) / 3600
-    assert f"4 of {n_all} models in section 3; the other {missing} (" in text
-    assert "default seed 1, loss-mse seed 0, loss-mse seed 1" in text and "geometric seed 0" not in text
-    assert f"about {hours:.1f} CPU hours" in text
+        expected(v) for v in regime_map.VARIANTS if v not in own and v != "loss-mse") / 3600
+    assert f"5 of {n_all} models in section 3; the other {missing} (" in text
+    assert "default seed 1, loss-mse seed 1, l2-1e-4 seed 0" in text and "geometric seed 0" not in text
+    assert f"about {hours:.1f} CPU hours" in text and "a lower bound for A-N, whose pool is larger" in text
     full = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": v, "seed": s, "wall_time_s": 1.0}
             for v in regime_map.VARIANTS for s in (0, 1)]
     assert T._map_estimate(small + full) == ""
+
+
+def test_the_pool_page_names_what_a_gpu_made_and_nothing_when_all_ran_on_the_cpu(tmp_path):
+    """Thresholds and models with a non-CPU ``device`` are counted and named on the page; records from before the
+    field (no ``device``) are CPU ones."""
+    from mechfact.runs import write_json_atomic
+
+    def rec(seed, **kw):
+        return {"subjects": 256, "relations": 2, "embeddings": "trainable", "seed": seed, "searched": "d", "d": 4,
+                "mlp_width": 64, "threshold": 4, "n_facts": 512, "r_log_n": 11.1, "attributes": 16,
+                "r_log_a": 5.5, **kw}
+
+    write_json_atomic(tmp_path / "capacity" / "pool_N256" / "result.json",
+                      {"thresholds": [rec(0), rec(1, device="cpu")], "evaluations": {}})
+    assert T._device_line(tmp_path, T.pool_thresholds(tmp_path)[0]) == []
+    write_json_atomic(tmp_path / "capacity" / "pool_N256" / "result.json",
+                      {"thresholds": [rec(0), rec(1, device="cuda")], "evaluations": {}})
+    summ = {"regime": "geometric", "subjects": 256, "relations": 2, "attributes": 16, "factor": 3.0, "seed": 1,
+            "device": "cuda"}
+    write_json_atomic(tmp_path / "threshold" / "N256_R2_A16" / "geometric_x3_seed1" / "summary.json", summ)
+    write_json_atomic(tmp_path / "threshold" / "N256_R2_A16" / "geometric_x3_seed0" / "summary.json",
+                      {**summ, "seed": 0, "device": "cpu"})
+    line = T._device_line(tmp_path, T.pool_thresholds(tmp_path)[0])[0]
+    assert "1 of the thresholds in section 1" in line and "1 of the trained models" in line
+    assert "geometric x3 seed 1" in line and "seed 0" not in line
+
+
+def test_a_setting_searched_in_two_parts_takes_the_pools_own_part_and_the_page_says_where_they_differ(tmp_path):
+    from mechfact.runs import write_json_atomic
+
+    def rec(R, seed, thr, **kw):
+        return {"subjects": 4096, "relations": R, "embeddings": "trainable", "seed": seed, "searched": "d", "d": thr,
+                "mlp_width": 64, "threshold": thr, "n_facts": 4096 * R, "r_log_n": R * 8.3, "attributes": 64,
+                "r_log_a": R * 4.2, **kw}
+
+    write_json_atomic(tmp_path / "capacity" / "pool_N4096" / "result.json",
+                      {"thresholds": [rec(2, 0, 6, device="cuda"), rec(4, 1, 14, device="cuda")], "evaluations": {}})
+    write_json_atomic(tmp_path / "capacity" / "pool_N4096_A64" / "result.json",
+                      {"thresholds": [rec(2, 0, 6), rec(4, 1, 12)], "evaluations": {}})
+    recs, _ = T.pool_thresholds(tmp_path)
+    assert sorted((t["relations"], t["threshold"]) for t in recs) == [(2, 6), (4, 12)]
+    line = T._twice_line(tmp_path)[0]
+    assert "1 of 2 give the same d*" in line
+    assert "N = 4096, R = 4, A = 64, seed 1: 14 (pool_N4096, cuda) vs 12 (pool_N4096_A64, cpu)" in line

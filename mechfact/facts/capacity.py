@@ -124,7 +124,7 @@ def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfi
     rec = {"subjects": N, "relations": R, "embeddings": emb, "seed": seed, "searched": cfg.search,
            "d": thr if cfg.search == "d" else cfg.d, "mlp_width": thr if cfg.search == "mlp-width" else cfg.mlp_width,
            "threshold": thr, "n_facts": N * R, "r_log_n": R * math.log(N), "attributes": A or N,
-           "r_log_a": R * math.log(A or N)}
+           "r_log_a": R * math.log(A or N), "device": str(device)}  # device: where the search finished
     if thr is None:
         rec["note"] = f"never reached {cfg.target_accuracy} within the grid (max {grid[-1]})"
     elif hi == 0 and len(grid) > 1:  # censored: the true threshold may be lower

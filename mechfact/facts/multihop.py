@@ -63,7 +63,7 @@ def _multihop_point(cfg: MultihopConfig, k: int, mode: str, device, seed: int) -
     model = build_fact_model(world, cfg.d, cfg.mlp_width, hops=k, cot=cot, seed=seed, **cfg.model.model_kwargs())
     res = train(model, world, tcfg, device=device, queries=queries, progress=False)
     return {"hops": k, "mode": mode, "accuracy": res["accuracy"], "token_accuracy": res["token_accuracy"],
-            "n_queries": len(queries), "steps": res["steps"], "stopped": res["stopped"]}
+            "n_queries": len(queries), "steps": res["steps"], "stopped": res["stopped"], "device": str(device)}
 
 
 def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, seed: int = 0,
