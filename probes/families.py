@@ -489,6 +489,12 @@ def _part_status(out: Path, m: str, name: str) -> str:
     if name.startswith("lre_"):
         n = sum(len((_read(f / "result.json") or {}).get("per_relation", [])) for f in folders)
         every = set().union(*[_relation_names(f) for mm in MODELS for f in _part_folders(out, mm, name)])
+        held = set().union(*[{x["relation"] for x in (_read(f / "result.json") or {}).get("per_relation", [])}
+                             for f in folders])
+        if len(held) >= len(every) and not done:  # a stopped folder whose relations left ran in another
+            stopped = sum(not (f / "meta.json").is_file() for f in folders)
+            state = (f"finished ({stopped} folder stopped early, what it left ran in another)" if stopped == 1 else
+                     f"finished ({stopped} folders stopped early, what they left ran in others)")
         if n < len(every):
             state = (f"{state}, {n} of {len(every)} relations" if not done
                      else f"{n} of {len(every)} relations (the rest not run)")

@@ -196,6 +196,15 @@ def test_run_status_counts_relations_against_every_model_and_every_request(tmp_p
     assert F._part_status(tmp_path, "gemma3-270m", "lre_authors_factual") == "1 of 3 relations (the rest not run)"
     assert F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual").startswith("partial")
     assert "0 of 3 relations" in F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual")
+    # the stopped folder's relations all ran in another folder: the part is finished, the stopped folder named
+    rest = tmp_path / "qwen2.5-0.5b" / "lre_authors_factual_capped"
+    rest.mkdir()
+    (rest / "result.json").write_text(json.dumps({"per_relation": [_row(n, lambda b: 0.5, 1.0) for n in "abc"]}))
+    (rest / "meta.json").write_text("{}")
+    assert F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual") == \
+        "finished (1 folder stopped early, what it left ran in another), 3 relations, 2 folders"
+    rest.joinpath("result.json").write_text(json.dumps({"per_relation": [_row("a", lambda b: 0.5, 1.0)]}))
+    assert F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual").startswith("partial")
     (asked / "config.json").unlink()
     assert F._part_status(tmp_path, "smollm2-135m", "lre_authors_factual") == "finished, 2 relations"
     assert "≤64 edits/trial" in F._lre_cell({**_row("a", lambda b: 0.5, 1.0), "max_causality": 64})
