@@ -335,7 +335,7 @@ def lre_table(out: Path, part: str | None = None) -> str:
                         f"[95% bootstrap over relations]: F at beta {xs[0].get('beta')} "
                         f"{_ci(s, 'mean_faithfulness')}, at the model beta {mb} {_ci(s, 'mean_faithfulness_model_beta')}, "
                         f"bias only {_ci(s, 'mean_faithfulness_bias_only')}, majority object "
-                        f"{_ci(s, 'mean_majority_baseline')}, C {_ci(s, 'mean_causality')}")
+                        f"{_ci(s, 'mean_majority_baseline')}, C {_ci(s, 'mean_causality')}" + _vs_majority(xs))
     sp = spearman_rows(out, part)
     if sp:
         rows.append("\nSpearman's rho of F(β*) (one beta per model, chosen on training facts: the authors' rule) at "
@@ -346,6 +346,27 @@ def lre_table(out: Path, part: str | None = None) -> str:
         rows.append(f"\nSpearman {r['model']} vs {r['reference']} ({r['rho_n']} relations): rho {r['rho']:.2f} "
                     f"[{r['rho_ci'][0]:.2f}, {r['rho_ci'][1]:.2f}], permutation p {r['p_value']:.3f}")
     return "\n".join(rows)
+
+
+def _vs_majority(xs: list[dict]) -> str:
+    """Per relation (non-degenerate, scored): F(β*)'s 95% interval wholly above the majority object's, wholly
+    below it (a constant answer does better), or overlapping it; the relations below named."""
+    above, below, both = 0, [], 0
+    for x in xs:
+        f, m = x.get("faithfulness_model_beta_ci"), x.get("majority_baseline_ci")
+        if x["faithfulness"] is None or lre_authors.degenerate(x) or not f or not m or None in (*f, *m):
+            continue
+        if f[0] > m[1]:
+            above += 1
+        elif f[1] < m[0]:
+            below.append(x["relation"])
+        else:
+            both += 1
+    n = above + len(below) + both
+    if not n:
+        return ""
+    return (f". F(β*) against the majority object, relation by relation (95% intervals): above on {above} of {n}, "
+            f"overlapping on {both}, below on {len(below)}" + (f" ({', '.join(sorted(below))})" if below else ""))
 
 
 def _published(name: str) -> str:

@@ -252,3 +252,21 @@ def test_run_plan_finishes_a_split_part_without_running_a_relation_twice(tmp_pat
     assert _same_config(more.to_dict(), seen["cfg"].to_dict()) and seen["cfg"].to_dict() == more.to_dict()
     assert F.lre_part_jobs(out, m, "linguistic", data) == [
         (out / m / "lre_authors_linguistic", ["llm", "lre", "--model", m, "--relations", str(data / "linguistic")])]
+
+
+def test_the_lre_means_say_where_a_constant_answer_beats_the_lre():
+    """F(β*) against the majority object per relation: above / overlapping / below by the 95% intervals, the
+    relations below named; degenerate and unscored relations left out."""
+    def row(name, f, m, **kw):
+        return {"relation": name, "faithfulness": f[0], "faithfulness_model_beta": f[0],
+                "faithfulness_model_beta_ci": list(f[1:]), "majority_baseline": m[0],
+                "majority_baseline_ci": list(m[1:]), "n_objects_test": 5, **kw}
+
+    xs = [row("up", (0.8, 0.7, 0.9), (0.2, 0.1, 0.3)), row("tie", (0.5, 0.4, 0.6), (0.55, 0.5, 0.6)),
+          row("down", (0.3, 0.2, 0.4), (0.8, 0.7, 0.9)),
+          row("constant", (1.0, 1.0, 1.0), (0.1, 0.0, 0.2), faithfulness_bias_only=1.0),
+          {"relation": "unknown", "faithfulness": None}]
+    line = F._vs_majority(xs)
+    assert "above on 1 of 3, overlapping on 1, below on 1 (down)" in line
+    assert F._vs_majority(xs[:1]).endswith("above on 1 of 1, overlapping on 0, below on 0")
+    assert F._vs_majority(xs[3:]) == ""
