@@ -628,7 +628,7 @@ def _device_line(src: Path, recs: list[dict]) -> list[str]:
     if not gpu_t and not rows:
         return []
     devs = sorted({x["device"] for x in gpu_t + rows})
-    what = ([f"{len(gpu_t)} of the thresholds in section 1 (searched with `--device cuda`, the rest on one CPU "
+    what = ([f"{len(gpu_t)} of the thresholds in section 1 (searched there, the rest on one CPU "
              "thread)"] if gpu_t else []) + \
         ([f"{len(rows)} of the trained models in sections 2 and 3 ("
           + ", ".join(f"N = {x['subjects']}, R = {x['relations']}, A = {x['world_attributes']} "
