@@ -282,6 +282,10 @@ def test_packaged_model_matches_batched_copies(name, one_thread):
     J, s, o = jacobian(lm, p.tokens, p.subject_last, layer)
     assert fast_path_problem(lm) is None
     J0, s0, o0 = jacobian_copies(lm, p.tokens, p.subject_last, layer)
+    # float32 at the state's own scale (Gemma's states reach ~7,000, where one ulp is ~5e-4): the two paths sum in
+    # another order, so their elements differ by rounding (relative 3e-7 to 8e-7 of the vector's norm measured),
+    # while a state from another position or layer differs at order one
     _close(J, J0)
-    torch.testing.assert_close(s, s0, atol=1e-5, rtol=0)
-    torch.testing.assert_close(o, o0, atol=1e-4, rtol=1e-5)
+    _close(s, s0)
+    _close(o, o0)
+    assert float((s - s0).norm() / s0.norm()) < 1e-5 and float((o - o0).norm() / o0.norm()) < 1e-5
