@@ -516,10 +516,9 @@ def _part_status(out: Path, m: str, name: str) -> str:
     done = all((f / "meta.json").is_file() for f in folders)
     state = "finished" if done else "partial (stopped or running; rerun --run to resume)"
     if name.startswith("lre_"):
-        n = sum(len((_read(f / "result.json") or {}).get("per_relation", [])) for f in folders)
+        rels = [[x["relation"] for x in (_read(f / "result.json") or {}).get("per_relation", [])] for f in folders]
+        n, held = sum(map(len, rels)), set().union(*map(set, rels))
         every = set().union(*[_relation_names(f) for mm in MODELS for f in _part_folders(out, mm, name)])
-        held = set().union(*[{x["relation"] for x in (_read(f / "result.json") or {}).get("per_relation", [])}
-                             for f in folders])
         if len(held) >= len(every) and not done:  # a stopped folder whose relations left ran in another
             stopped = sum(not (f / "meta.json").is_file() for f in folders)
             state = (f"finished ({stopped} folder stopped early, what it left ran in another)" if stopped == 1 else

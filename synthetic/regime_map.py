@@ -49,6 +49,10 @@ class Variant(NamedTuple):
     mlp_width: int | None = None  # None: the study's width (--mlp-width)
     l2_ref: int | None = None  # the regime's L2 scaled by l2_ref / N: the same pull per subject as at N = l2_ref
 
+    def pool(self, n: int, a: int) -> int:
+        """The attributes A this variant trains with in a world of ``n`` subjects and pool ``a``."""
+        return n if self.attributes == "N" else (self.attributes or a)
+
 
 VARIANTS: dict[str, Variant] = {
     "default": Variant("the centre: default regime at 3 d*", "default", {}, {}),
@@ -100,7 +104,7 @@ def run(out: Path, n: int, r: int, a: int, d_star: int, variants: list[str], see
     for name in variants:
         v = VARIANTS[name]
         d = int(math.ceil(v.factor * d_star)) if v.factor else GEOMETRIC_D
-        a_run = n if v.attributes == "N" else (v.attributes or a)
+        a_run = v.pool(n, a)
         train = dict(v.train)
         if v.l2_ref:
             train["l2"] = train_config(v.regime, steps)[0].l2 * v.l2_ref / n

@@ -271,17 +271,11 @@ def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[l
     """The threshold records of the pool capacity parts ``pool_N<N><suffix>`` under ``src/capacity`` that searched
     ``searched``: for ``d`` (d*) the trainable-embedding ones, for ``mlp-width`` (m*) every embedding regime; and
     the parts read. ``suffix`` "": the 2000-step d* parts; "_8k": the budget check; "_width": m*."""
-    import re
-
-    from mechfact.runs import read_json
-
     recs: dict[tuple, dict] = {}
     parts = []
     # a part of one pool (pool_N4096_A64, the one the mechanism runs take d* from) before the part of every pool
-    for f in sorted((src / "capacity").glob("pool_N*/result.json"), key=lambda f: ("_A" not in f.parent.name, f)):
-        if not re.fullmatch(r"pool_N\d+(_A(\d+|N))?" + re.escape(suffix), f.parent.name):
-            continue
-        got = [t for t in read_json(f)["thresholds"] if t.get("searched", "d") == searched
+    for name, thresholds in sorted(_pool_parts(src, suffix), key=lambda p: ("_A" not in p[0], p[0])):
+        got = [t for t in thresholds if t.get("searched", "d") == searched
                and (searched != "d" or t["embeddings"] == "trainable")]
         for t in got:  # a setting in two parts (pool_N4096 and pool_N4096_A64): the first that found a threshold
             key = (t["subjects"], t["relations"], t["attributes"], t["embeddings"], t["seed"],
@@ -289,8 +283,20 @@ def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[l
             if key not in recs or (recs[key]["threshold"] is None and t["threshold"] is not None):
                 recs[key] = t
         if got:
-            parts.append(f.parent.name)
+            parts.append(name)
     return list(recs.values()), sorted(parts)
+
+
+def _pool_parts(src: Path, suffix: str = ""):
+    """(name, threshold records) of each pool capacity part ``pool_N<N>[_A<A>]<suffix>`` under ``src/capacity``,
+    by name."""
+    import re
+
+    from mechfact.runs import read_json
+
+    for f in sorted((src / "capacity").glob("pool_N*/result.json")):
+        if re.fullmatch(r"pool_N\d+(_A(\d+|N))?" + re.escape(suffix), f.parent.name):
+            yield f.parent.name, read_json(f)["thresholds"]
 
 
 WIDTH_REGIMES = ("trainable", "frozen-input", "frozen")
@@ -402,6 +408,9 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
     recs, parts = pool_thresholds(src)
     summ = summarise_thresholds(recs) if recs else None
     rows = collect(src / "threshold")
+    from synthetic import regime_map
+
+    map_rows = regime_map.collect(src / "map")
     ns = sorted({t["subjects"] for t in recs})
     text = [
         "# Paper B in its own setting: attribute-pool worlds", "",
@@ -417,7 +426,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         "model predicts over the A attributes; a setting reaches when the accuracy over all N R facts is >= 99%; "
         "d* is the smallest grid value that reaches (bisection; MLP width 64, Adam 3e-2 with warm-up and cosine "
         "decay, 2000 steps, stopped at 99%).", "",
-        *_device_line(src, recs),
+        *_device_line(src, recs, rows + map_rows),
         "## 1. The width threshold d*", "",
         dstar_table(summ) if summ else "(no capacity runs)", "",
         *_power_line(recs),
@@ -448,9 +457,6 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
     ]
     if rows:
         text += [_reading(rows), "", "![the mechanism against d / d*](img/threshold.png)", ""]
-    from synthetic import regime_map
-
-    map_rows = regime_map.collect(src / "map")
     text += _map_section(map_rows)
     text += ["## Not run here", "", _estimate(src) + _map_estimate(map_rows), ""]
     from mechfact.runs import atomic_path
@@ -596,18 +602,12 @@ def on_cpu(x: dict) -> bool:
 def _twice_line(src: Path) -> list[str]:
     """The d* settings searched in two parts (a pool's own part and the part of every pool, on their own grids and
     perhaps devices): how many agree, and the ones that do not."""
-    import re
-
-    from mechfact.runs import read_json
-
     seen: dict[tuple, list] = {}
-    for f in sorted((src / "capacity").glob("pool_N*/result.json")):
-        if not re.fullmatch(r"pool_N\d+(_A(\d+|N))?", f.parent.name):
-            continue
-        for t in read_json(f)["thresholds"]:
+    for name, thresholds in _pool_parts(src):
+        for t in thresholds:
             if t.get("searched", "d") == "d" and t["embeddings"] == "trainable":
                 key = (t["subjects"], t["relations"], t["attributes"], t["seed"])
-                seen.setdefault(key, []).append((f.parent.name, t["threshold"], t.get("device", "cpu")))
+                seen.setdefault(key, []).append((name, t["threshold"], t.get("device", "cpu")))
     twice = {k: v for k, v in seen.items() if len(v) > 1}
     if not twice:
         return []
@@ -619,12 +619,11 @@ def _twice_line(src: Path) -> list[str]:
             ""]
 
 
-def _device_line(src: Path, recs: list[dict]) -> list[str]:
-    """Which records of the page were made on a GPU (their ``device``); none: nothing."""
-    from synthetic import regime_map
-
+def _device_line(src: Path, recs: list[dict], summaries: list[dict]) -> list[str]:
+    """Which records of the page (d* thresholds ``recs``, m* thresholds, model ``summaries``) were made on a GPU
+    (their ``device``); none: nothing."""
     gpu_t = [t for t in recs + pool_thresholds(src, "mlp-width", "_width")[0] if not on_cpu(t)]
-    rows = [x for x in collect(src / "threshold") + regime_map.collect(src / "map") if not on_cpu(x)]
+    rows = [x for x in summaries if not on_cpu(x)]
     if not gpu_t and not rows:
         return []
     devs = sorted({x["device"] for x in gpu_t + rows})
@@ -664,19 +663,15 @@ def _map_estimate(rows: list[dict]) -> str:
         median = statistics.median(x["wall_time_s"] for x in big)
         own = {x["variant"]: x["wall_time_s"] for x in big}
 
-        def pool(v: str) -> int:  # the variant's output count A
-            got = regime_map.VARIANTS[v].attributes
-            return n if got == "N" else got or a
-
         def shape(v: str) -> tuple:
             var = regime_map.VARIANTS[v]
-            return var.regime, var.factor, var.mlp_width, pool(v) > a
+            return var.regime, var.factor, var.mlp_width, var.pool(n, a) > a
 
         def cost(v: str) -> float:  # its own time, else a measured variant of the same regime and shape, else median
             same = [t for u, t in own.items() if u in regime_map.VARIANTS and shape(u) == shape(v)]
             return own.get(v, statistics.median(same) if same else median)
 
-        larger = sorted({v for v, _ in missing if pool(v) > a and not any(
+        larger = sorted({v for v, _ in missing if regime_map.VARIANTS[v].pool(n, a) > a and not any(
             u in regime_map.VARIANTS and shape(u) == shape(v) for u in own)})
         hours = sum(cost(v) for v, _ in missing) / 3600
         return (f"\n- The regime map at N = {n}, R = {r}, A = {a}: {len(done)} of "

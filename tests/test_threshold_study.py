@@ -234,7 +234,7 @@ def test_the_pool_page_names_what_a_gpu_made_and_nothing_when_all_ran_on_the_cpu
 
     write_json_atomic(tmp_path / "capacity" / "pool_N256" / "result.json",
                       {"thresholds": [rec(0), rec(1, device="cpu")], "evaluations": {}})
-    assert T._device_line(tmp_path, T.pool_thresholds(tmp_path)[0]) == []
+    assert T._device_line(tmp_path, T.pool_thresholds(tmp_path)[0], []) == []
     write_json_atomic(tmp_path / "capacity" / "pool_N256" / "result.json",
                       {"thresholds": [rec(0), rec(1, device="cuda")], "evaluations": {}})
     summ = {"regime": "geometric", "subjects": 256, "relations": 2, "attributes": 16, "factor": 3.0, "seed": 1,
@@ -242,7 +242,7 @@ def test_the_pool_page_names_what_a_gpu_made_and_nothing_when_all_ran_on_the_cpu
     write_json_atomic(tmp_path / "threshold" / "N256_R2_A16" / "geometric_x3_seed1" / "summary.json", summ)
     write_json_atomic(tmp_path / "threshold" / "N256_R2_A16" / "geometric_x3_seed0" / "summary.json",
                       {**summ, "seed": 0, "device": "cpu"})
-    line = T._device_line(tmp_path, T.pool_thresholds(tmp_path)[0])[0]
+    line = T._device_line(tmp_path, T.pool_thresholds(tmp_path)[0], T.collect(tmp_path / "threshold"))[0]
     assert "1 of the thresholds in section 1" in line and "1 of the trained models" in line
     assert "geometric x3 seed 1" in line and "seed 0" not in line
 
