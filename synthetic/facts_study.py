@@ -70,6 +70,11 @@ PARTS: dict[str, list[str]] = {
     "pool_N4096_A64": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "64",
                        "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
                        "--seeds", "2"],
+    # N = 4096 with A = 256 alone on the same grid (pool_N4096 reaches A = 256 only after redoing A = 64's R = 8, 16,
+    # which pool_N4096_A64 holds)
+    "pool_N4096_A256": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "256",
+                        "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
+                        "--seeds", "2"],
     # the bijection limit A = N (randperm % A is a permutation) at N = 1024, the figure's bijection line beside
     # pool_N256's A = 256
     "pool_N1024_AN": ["capacity", "--subjects", "1024", "--relations", "2", "4", "8", "16", "--attributes", "1024",

@@ -20,7 +20,7 @@ balance of N = 256, where the regime was found; equal to ``geometric`` / ``geome
 probed as in the threshold study (held-out superposition R^2 with its control, per-relation readout, selector
 ablation, zero-shot freeze-and-swap with its control). Runs:
 ``<out>/map_N<N>_R<R>_A<A>/<variant>_seed<s>/summary.json``, written when a run finishes; a rerun skips finished
-runs.
+runs and resumes a stopped one's training from its ``checkpoint.pt`` (saved every 500 steps).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ embedding, selector ablation per relation, relation-token swap, zero-shot freeze
   full-batch steps (:data:`mechfact.facts.regimes.REGIMES` ``geometric``), at the same d and MLP width.
 
 Each run is ``<out>/N<N>_R<R>_A<A>/<regime>_x<f>_seed<s>/summary.json`` (+ ``probes.json``), written atomically
-when it finishes; a rerun skips finished runs.
+when it finishes; while a model trains its state is saved to ``checkpoint.pt`` beside them every 500 steps; a rerun
+skips finished runs and resumes a stopped one's training from its checkpoint.
 """
 
 from __future__ import annotations
@@ -72,15 +73,22 @@ def run_one(out: Path, regime: str, n: int, r: int, a: int, d: int, mlp_width: i
     path = out / "summary.json"
     if path.is_file():
         return read_json(path)
-    return write_one(out, compute_one(regime, n, r, a, d, mlp_width, seed, steps, device, extra, train_overrides,
-                                      model_overrides))
+    summary = write_one(out, compute_one(regime, n, r, a, d, mlp_width, seed, steps, device, extra, train_overrides,
+                                         model_overrides, checkpoint=str(out / CHECKPOINT)))
+    (out / CHECKPOINT).unlink(missing_ok=True)
+    return summary
+
+
+CHECKPOINT = "checkpoint.pt"  # a run's training state while it trains (deleted once summary.json is written)
 
 
 def compute_one(regime: str, n: int, r: int, a: int, d: int, mlp_width: int, seed: int, steps: int,
                 device: str = "cpu", extra: dict | None = None, train_overrides: dict | None = None,
-                model_overrides: dict | None = None) -> dict:
-    """:func:`run_one`'s work, writing nothing: ``{"summary": ..., "probes": ...}`` (what a Ray task returns to
-    the driver, which writes it with :func:`write_one`)."""
+                model_overrides: dict | None = None, checkpoint: str | None = None) -> dict:
+    """:func:`run_one`'s work, writing nothing but the training ``checkpoint`` (when given: saved every 500 steps
+    and resumed from, so a stopped run keeps its training; the driver deletes it): ``{"summary": ...,
+    "probes": ...}`` (what a Ray task returns to the driver, which writes it with :func:`write_one`).
+    ``wall_time_s`` counts earlier processes' training up to their last checkpoint."""
     import mechfact
     from mechfact.facts.model import FactModel, FactModelConfig
     from mechfact.targets import SwapConfig
@@ -92,7 +100,12 @@ def compute_one(regime: str, n: int, r: int, a: int, d: int, mlp_width: int, see
     model = FactModel(FactModelConfig(n, r, d=d, mlp_width=mlp_width, seed=seed, n_special=world.n_special,
                                       n_outputs=0 if a == n else a, **model_options))
     t0 = time.time()
-    fit = mechfact.train(model, world, tcfg, device=device)
+    if checkpoint is None:
+        fit, before = mechfact.train(model, world, tcfg, device=device), 0.0
+    else:
+        from mechfact.facts.train import train_resumable
+
+        fit, before = train_resumable(model, world, tcfg, Path(checkpoint), device=device)
     model.eval()
     # the new facts of freeze-and-swap: a world seed no model of the study trains on
     probes = mechfact.probe_all(model, world, seed=seed, swap=SwapConfig(new_seed=NEW_WORLD_SEED + seed))
@@ -101,7 +114,7 @@ def compute_one(regime: str, n: int, r: int, a: int, d: int, mlp_width: int, see
             "stopped": fit.stopped,
             "train_config": dataclasses.asdict(tcfg), "model_options": model_options, **probes.records[0],
             "chance": 1.0 / a,
-            "wall_time_s": round(time.time() - t0, 1), "device": str(device), **(extra or {})}
+            "wall_time_s": round(before + time.time() - t0, 1), "device": str(device), **(extra or {})}
     return {"summary": summ, "probes": {"probes": probes.to_dict(), "history": fit.history}}
 
 
@@ -127,11 +140,13 @@ def run_many(specs: list[tuple[Path, dict]], executor=None) -> list[dict]:
     from mechfact.runs import read_json
 
     done = {out: read_json(out / "summary.json") for out, _ in specs if (out / "summary.json").is_file()}
-    jobs = [Job(key=str(out), fn=functools.partial(compute_one, **kw), cost=kw["n"] * kw["r"] * kw["d"] / 1e4)
+    jobs = [Job(key=str(out), fn=functools.partial(compute_one, **kw, checkpoint=str(out / CHECKPOINT)),
+                cost=kw["n"] * kw["r"] * kw["d"] / 1e4)
             for out, kw in specs if out not in done]
 
     def on_result(job, res):
         done[Path(job.key)] = write_one(Path(job.key), res)
+        (Path(job.key) / CHECKPOINT).unlink(missing_ok=True)
         s = res["summary"]
         print(f"finished {Path(job.key).name}: train accuracy {s['train_accuracy']:.3f}, R^2 {s['r2_heldout']:.2f}, "
               f"zero-shot {s['zero_shot_accuracy']:.2f} ({s['wall_time_s']:.0f} s)", flush=True)
@@ -682,7 +697,7 @@ def _map_estimate(rows: list[dict]) -> str:
                 f"{median / 60:.0f} min"
                 + (f"; a lower bound for {', '.join(larger)}, whose pool is larger than any measured model's"
                    if larger else "") + f"): {cmd}, after `cp -r docs/runs/pool/map runs/regime_map` (a rerun skips the "
-                "finished models in its `--out`).")
+                "finished models in its `--out` and resumes a stopped one's training from its checkpoint).")
     world = max({(x["subjects"], x["relations"], x["world_attributes"]) for x in rows}, key=lambda w: (w[1], w))
     total = sum(x["wall_time_s"] for x in rows if (x["subjects"], x["relations"], x["world_attributes"]) == world)
     hours = total * n / world[0] / 3600
@@ -725,6 +740,11 @@ def _estimate(src: Path) -> str:
             cost = (f"about {hours:.1f} CPU hours on one thread in all ({base} took "
                     f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds; more where d* grows "
                     "faster than ln N)")
+        # a part of one pool at the same N (pool_N4096_A64 beside pool_N4096) holds some of this part's settings
+        alone = [f"A = {q.rsplit('_A', 1)[1]} is {q} ({'finished' if q in done else 'unfinished'})" for q in pools
+                 if re.fullmatch(rf"{re.escape(p)}_A\d+", q)]
+        if alone:
+            cost += ("; " if cost else "") + f"of its settings, {' and '.join(alone)}"
         if (src / "capacity" / p / "result.json").is_file():
             got = len(read_json(src / "capacity" / p / "result.json")["thresholds"])
             lines.append(f"- `{p}`: unfinished, {got} thresholds so far (in the tables above){'; ' + cost if cost else ''}; "

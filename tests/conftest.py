@@ -62,3 +62,31 @@ def construction():
 
     world = FactWorld(64, 3, seed=0)
     return construct(world)[0], world
+
+
+class StopTraining(Exception):
+    """Raised by :func:`train_spy`'s hook: a run killed mid-training."""
+
+
+@pytest.fixture
+def train_spy(monkeypatch):
+    """``spy(module, every)`` replaces ``module.train_resumable`` by one that checkpoints every ``every`` steps,
+    records in ``spy.starts`` the step each training starts from (0: no checkpoint), and raises
+    :class:`StopTraining` after the checkpoint of step ``spy.stop_at`` (None: never)."""
+    import torch
+
+    def spy(module, every: int):
+        real = module.train_resumable
+
+        def hook(state):
+            if state["step"] == spy.stop_at:
+                raise StopTraining
+
+        def patched(model, world, cfg, path, **k):
+            spy.starts.append(torch.load(path, weights_only=True)["step"] if path.exists() else 0)
+            return real(model, world, cfg, path, **k, checkpoint_every=every, after_checkpoint=hook)
+
+        monkeypatch.setattr(module, "train_resumable", patched)
+
+    spy.starts, spy.stop_at, spy.Stop = [], None, StopTraining
+    return spy

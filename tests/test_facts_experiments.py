@@ -314,3 +314,25 @@ def test_pool_d_star_grows_with_n_far_slower_than_the_facts(tmp_path, one_thread
     assert None not in d.values() and len(d) == 4
     for s in (0, 1):
         assert d[32, s] < d[512, s] <= 3 * d[32, s]
+
+
+def test_a_stopped_multihop_run_resumes_its_point_in_training_to_the_same_numbers(tmp_path, train_spy):
+    """Each multihop point trains with a checkpoint in the run folder: a run stopped mid-point resumes that point
+    from its checkpoint (not from step 0) and ends with the uninterrupted run's result.json; no checkpoint is left
+    once the points are written."""
+    from mechfact.facts import multihop as mh
+
+    cfg = ex.MultihopConfig(subjects=8, relations=2, hops=[2], d=8, mlp_width=16,
+                            train=TrainConfig(steps=60, target_accuracy=None, eval_every=10))
+    train_spy(mh, 20)
+    full = ex.run_multihop(cfg, tmp_path / "full", device=CPU)
+    train_spy.stop_at = 40
+    with pytest.raises(train_spy.Stop):
+        ex.run_multihop(cfg, tmp_path / "cut", device=CPU)
+    assert (tmp_path / "cut" / mh.point_checkpoint(2, "direct")).is_file()
+    train_spy.stop_at = None
+    resumed = ex.run_multihop(cfg, tmp_path / "cut", device=CPU)
+    assert train_spy.starts == [0, 0, 0, 40, 0]  # full: direct, cot; cut: direct stopped at 40; resumed: direct, cot
+    assert resumed["points"] == full["points"]
+    assert (tmp_path / "cut" / "result.json").read_bytes() == (tmp_path / "full" / "result.json").read_bytes()
+    assert not list((tmp_path / "cut").glob("checkpoint*"))

@@ -264,3 +264,24 @@ def test_a_setting_searched_in_two_parts_takes_the_pools_own_part_and_the_page_s
     line = T._twice_line(tmp_path)[0]
     assert "1 of 2 give the same d*" in line
     assert "N = 4096, R = 4, A = 64, seed 1: 14 (pool_N4096, cuda) vs 12 (pool_N4096_A64, cpu)" in line
+
+
+def test_a_stopped_regime_run_resumes_its_training_and_ends_with_the_same_summary(tmp_path, train_spy, one_thread):
+    """A map / threshold model trains with a checkpoint in its folder: stopped mid-training, the rerun resumes
+    at the checkpoint's step and ends with the uninterrupted run's numbers (its time counting the first
+    process's training); the checkpoint is deleted once summary.json is written."""
+    import importlib
+
+    train_spy(importlib.import_module("mechfact.facts.train"), 50)  # the module (mechfact.facts.train: a function)
+    args, over = ("default", 32, 2, 8, 3, 16, 0, 150), {"target_accuracy": None}
+    full = T.run_one(tmp_path / "full", *args, train_overrides=over)
+    train_spy.stop_at = 100
+    with pytest.raises(train_spy.Stop):
+        T.run_one(tmp_path / "cut", *args, train_overrides=over)
+    assert (tmp_path / "cut" / T.CHECKPOINT).is_file() and not (tmp_path / "cut" / "summary.json").exists()
+    train_spy.stop_at = None
+    resumed = T.run_one(tmp_path / "cut", *args, train_overrides=over)
+    assert train_spy.starts == [0, 0, 100]
+    drop = {"wall_time_s"}
+    assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
+    assert resumed["steps"] == 150 and not (tmp_path / "cut" / T.CHECKPOINT).exists()

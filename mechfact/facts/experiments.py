@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import DictConfig, check_float, check_int, check_type
-from ..runs import RunDir, atomic_path
+from ..runs import RunDir
 from .capacity import SEARCHES, FactsCapacityConfig, capacity_search, run_facts_capacity, summarise_thresholds
 from .construct import block_size_for, construct, construction_width
 from .model import FactModel, FactModelConfig, build_fact_model
@@ -26,7 +26,7 @@ from .multihop import MultihopConfig, run_multihop
 from .runio import save_fact_run
 from .spec import (ModelSpec, _check_chains, _check_hops, _check_seed, _check_world_and_size, _positions,
                    _refuse_if_too_big, n_chains, training_cost, training_queries, world_bytes)
-from .train import TrainConfig, train
+from .train import TrainConfig, load_checkpoint, save_checkpoint, train
 from .world import FactWorld
 
 __all__ = ["CHECKPOINT_FILE", "FactsTrainConfig", "run_train", "ConstructConfig", "run_construct",
@@ -76,18 +76,6 @@ class FactsTrainConfig(DictConfig):
         _refuse_if_too_big([(need, flags + (f" --hops {self.hops}" if self.hops > 1 else ""), what)])
 
 
-def _load_checkpoint(path: Path, model: FactModel) -> dict:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_weights(state.pop("model"), source=str(path))
-        if not {"step", "optimizer", "generator", "history", "best", "best_step"} <= set(state):
-            raise KeyError(f"missing keys {sorted({'step', 'optimizer', 'generator', 'history'} - set(state))}")
-    except Exception as e:  # truncated file, pickle error, wrong shapes, missing keys
-        raise ValueError(f"{path}: corrupted checkpoint ({type(e).__name__}: {str(e)[:200]}); "
-                         "delete it to restart training from scratch") from e
-    return state
-
-
 def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, seed: int = 0,
               progress: bool = False, checkpoint_every: int = 500, _after_checkpoint=None) -> dict:
     """``mechfact facts train``: train one model, checkpointing to ``out/checkpoint.pt``; resumes from it.
@@ -103,13 +91,12 @@ def run_train(cfg: FactsTrainConfig, out: str | Path, *, device: torch.device, s
     queries = training_queries(world, cfg.hops, cfg.cot)
     tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})
     ckpt = run.path / CHECKPOINT_FILE  # run.file() (which commits config.json) only when it is written
-    resume = _load_checkpoint(ckpt, model) if ckpt.exists() else None
+    resume = load_checkpoint(ckpt, model) if ckpt.exists() else None
     if resume is not None:
         logger.info("resuming from %s at step %d", ckpt, resume["step"])
 
     def save_ckpt(state: dict) -> None:
-        with atomic_path(run.file(CHECKPOINT_FILE)) as tmp:
-            torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **state}, tmp)
+        save_checkpoint(run.file(CHECKPOINT_FILE), model, state)
         if _after_checkpoint is not None:
             _after_checkpoint(state)
 

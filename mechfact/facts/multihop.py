@@ -17,7 +17,7 @@ from ..runs import RunDir
 from .model import build_fact_model
 from .spec import (ModelSpec, _check_chains, _check_hops, _check_world_and_size, _refuse_if_too_big, training_cost,
                    training_queries)
-from .train import TrainConfig, train
+from .train import TrainConfig, train, train_resumable
 from .world import FactWorld
 
 
@@ -54,16 +54,26 @@ class MultihopConfig(DictConfig):
         _refuse_if_too_big(rows)
 
 
-def _multihop_point(cfg: MultihopConfig, k: int, mode: str, device, seed: int) -> dict:
-    """Train one k-hop model (direct or chain of thought) and measure it: one multihop job."""
+def _multihop_point(cfg: MultihopConfig, k: int, mode: str, device, seed: int, checkpoint: Path | None = None
+                    ) -> dict:
+    """Train one k-hop model (direct or chain of thought) and measure it: one multihop job. With ``checkpoint``
+    the training saves its state there and resumes from it (a stopped run keeps its points in training)."""
     world = FactWorld(cfg.subjects, cfg.relations, seed)
     tcfg = TrainConfig.from_dict({**cfg.train.to_dict(), "seed": seed})
     cot = mode == "cot"
     queries = training_queries(world, k, cot)
     model = build_fact_model(world, cfg.d, cfg.mlp_width, hops=k, cot=cot, seed=seed, **cfg.model.model_kwargs())
-    res = train(model, world, tcfg, device=device, queries=queries, progress=False)
+    if checkpoint is None:
+        res = train(model, world, tcfg, device=device, queries=queries, progress=False)
+    else:
+        res, _ = train_resumable(model, world, tcfg, checkpoint, device=device, queries=queries)
     return {"hops": k, "mode": mode, "accuracy": res["accuracy"], "token_accuracy": res["token_accuracy"],
             "n_queries": len(queries), "steps": res["steps"], "stopped": res["stopped"], "device": str(device)}
+
+
+def point_checkpoint(k: int, mode: str) -> str:
+    """The file name of the training checkpoint of a multihop point while it trains."""
+    return f"checkpoint_hops{k}_{mode}.pt"
 
 
 def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, seed: int = 0,
@@ -74,15 +84,19 @@ def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, 
     run = RunDir(out, cfg, kind="facts.multihop", seed=seed, device=str(device))
     result = run.read_result({"points": []})
     done = {(p["hops"], p["mode"]) for p in result["points"]}
-    jobs = [Job(key=f"hops={k} {mode}", cost=k * (2 if mode == "cot" else 1),
-                fn=lambda k=k, mode=mode: _multihop_point(cfg, k, mode, device, seed))
-            for k in sorted(set(cfg.hops)) for mode in (("direct", "cot") if k > 1 else ("direct",))
+    todo = [(k, mode) for k in sorted(set(cfg.hops)) for mode in (("direct", "cot") if k > 1 else ("direct",))
             if (k, mode) not in done]
+    # one training checkpoint per point (run.file commits config.json first), deleted once the point is written
+    ckpt = {key: run.file(point_checkpoint(*key)) for key in todo}
+    jobs = [Job(key=f"hops={k} {mode}", cost=k * (2 if mode == "cot" else 1),
+                fn=lambda k=k, mode=mode: _multihop_point(cfg, k, mode, device, seed, ckpt[k, mode]))
+            for k, mode in todo]
 
     def on_result(job: Job, point: dict) -> None:
         result["points"].append(point)
         result["points"].sort(key=lambda p: (p["hops"], p["mode"]))
         run.write_result(result)
+        ckpt[point["hops"], point["mode"]].unlink(missing_ok=True)
 
     (executor or LocalExecutor(desc="facts multihop")).map(jobs, on_result)
     result.update(subjects=cfg.subjects, relations=cfg.relations, d=cfg.d, mlp_width=cfg.mlp_width)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -257,3 +258,60 @@ def train(model: FactModel, world: FactWorld, cfg: TrainConfig, device: str | to
         loss = history[-1]["loss"]
     res = evaluate(model, world, queries)
     return TrainResult(**res, loss=loss, steps=step, stopped=stopped, history=history)
+
+
+# ---- checkpointed training ---------------------------------------------------------------------------
+
+CHECKPOINT_KEYS = ("step", "optimizer", "generator", "history", "best", "best_step")
+
+
+def load_checkpoint(path: Path, model: FactModel) -> dict:
+    """The training state saved at ``path`` by :func:`save_checkpoint`, its weights loaded into ``model``; a clear
+    error (naming the file and what to do) for a truncated or foreign file."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_weights(state.pop("model"), source=str(path))
+        if not set(CHECKPOINT_KEYS) <= set(state):
+            raise KeyError(f"missing keys {sorted(set(CHECKPOINT_KEYS) - set(state))}")
+    except Exception as e:  # truncated file, pickle error, wrong shapes, missing keys
+        raise ValueError(f"{path}: corrupted checkpoint ({type(e).__name__}: {str(e)[:200]}); "
+                         "delete it to restart training from scratch") from e
+    return state
+
+
+def save_checkpoint(path: Path, model: FactModel, state: dict) -> None:
+    """``model``'s weights (on the CPU) with :func:`train`'s checkpoint ``state``, written atomically."""
+    from ..runs import atomic_path
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **state}, tmp)
+
+
+def train_resumable(model: FactModel, world: FactWorld, cfg: TrainConfig, path: Path,
+                    device: str | torch.device = "cpu", queries: Queries | None = None, *,
+                    checkpoint_every: int = 500, after_checkpoint: Callable[[dict], None] | None = None
+                    ) -> tuple[TrainResult, float]:
+    """:func:`train` that saves its state to ``path`` every ``checkpoint_every`` steps (and when it stops) and,
+    when ``path`` exists, resumes from it: a run killed mid-training loses at most ``checkpoint_every`` steps,
+    and a resumed run ends with the numbers of an uninterrupted one (full-batch training; minibatches resume
+    their generator). Returns the result and the training seconds already spent by earlier processes (up to
+    their last checkpoint), which the caller adds to its own time. The caller deletes ``path`` once its results
+    are written. ``after_checkpoint(state)`` is called after each save (a test hook)."""
+    import time
+
+    path = Path(path)
+    resume = load_checkpoint(path, model) if path.exists() else None
+    before = float(resume.pop("elapsed_s", 0.0)) if resume is not None else 0.0
+    if resume is not None:
+        logger.info("resuming from %s at step %d", path, resume["step"])
+    t0 = time.time()
+
+    def save(state: dict) -> None:
+        save_checkpoint(path, model, {**state, "elapsed_s": before + time.time() - t0})
+        if after_checkpoint is not None:
+            after_checkpoint(state)
+
+    res = train(model, world, cfg, device=device, queries=queries, checkpoint=save,
+                checkpoint_every=checkpoint_every, resume=resume)
+    return res, before
