@@ -245,6 +245,13 @@ def merge_evaluations(memo: dict, evaluations: dict) -> None:
     memo.update(items)
 
 
+def on_this_machine(executor: Executor | None) -> bool:
+    """Whether ``executor``'s jobs run on this machine and so can write its run folders (a training checkpoint):
+    the local executor and a Ray runtime it starts; not a cluster joined with ``--ray-address``, whose workers
+    may not see these paths."""
+    return not isinstance(executor, RayExecutor) or executor.address is None
+
+
 def make_executor(kind: str = "local", *, workers: int | None = None, address: str | None = None,
                   device: Any = None, progress: bool = True, desc: str = "jobs", gpus_per_task: float | None = None) -> Executor:
     """The executor the flags ask for. ``local`` runs one job at a time (``--workers`` above 1 needs

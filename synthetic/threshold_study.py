@@ -136,12 +136,13 @@ def run_many(specs: list[tuple[Path, dict]], executor=None) -> list[dict]:
     only the runs in flight. Summaries in the order of ``specs``."""
     import functools
 
-    from mechfact.executor import Job, LocalExecutor
+    from mechfact.executor import Job, LocalExecutor, on_this_machine
     from mechfact.runs import read_json
 
     done = {out: read_json(out / "summary.json") for out, _ in specs if (out / "summary.json").is_file()}
-    jobs = [Job(key=str(out), fn=functools.partial(compute_one, **kw, checkpoint=str(out / CHECKPOINT)),
-                cost=kw["n"] * kw["r"] * kw["d"] / 1e4)
+    local = on_this_machine(executor)  # a cluster's workers may not see these folders: no checkpoints there
+    jobs = [Job(key=str(out), fn=functools.partial(compute_one, **kw, checkpoint=str(out / CHECKPOINT) if local
+                                                   else None), cost=kw["n"] * kw["r"] * kw["d"] / 1e4)
             for out, kw in specs if out not in done]
 
     def on_result(job, res):

@@ -157,6 +157,16 @@ def test_local_executor_runs_in_order():
     assert seen == [0, 1, 2]
 
 
+def test_training_checkpoints_are_written_only_where_the_jobs_see_this_machines_folders():
+    """A job run by this process or by a Ray runtime it starts can write a checkpoint into the run folder; a job
+    on a cluster joined with --ray-address may run on a machine without that path, so it gets none."""
+    from mechfact.executor import on_this_machine
+
+    assert on_this_machine(None) and on_this_machine(LocalExecutor(progress=False))
+    assert on_this_machine(RayExecutor(workers=1, progress=False))  # not started: nothing to close
+    assert not on_this_machine(RayExecutor(address="10.0.0.1:6379", progress=False))
+
+
 # ---- device maps: a model spread over devices (on CPU here: memory and disk) -----------------------------------
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..config import DictConfig, check_type
-from ..executor import Executor, Job, LocalExecutor
+from ..executor import Executor, Job, LocalExecutor, on_this_machine
 from ..runs import RunDir
 from .model import build_fact_model
 from .spec import (ModelSpec, _check_chains, _check_hops, _check_world_and_size, _refuse_if_too_big, training_cost,
@@ -86,8 +86,9 @@ def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, 
     done = {(p["hops"], p["mode"]) for p in result["points"]}
     todo = [(k, mode) for k in sorted(set(cfg.hops)) for mode in (("direct", "cot") if k > 1 else ("direct",))
             if (k, mode) not in done]
-    # one training checkpoint per point (run.file commits config.json first), deleted once the point is written
-    ckpt = {key: run.file(point_checkpoint(*key)) for key in todo}
+    # one training checkpoint per point (run.file commits config.json first), deleted once the point is written;
+    # none where a cluster's workers may not see this folder
+    ckpt = {key: run.file(point_checkpoint(*key)) if on_this_machine(executor) else None for key in todo}
     jobs = [Job(key=f"hops={k} {mode}", cost=k * (2 if mode == "cot" else 1),
                 fn=lambda k=k, mode=mode: _multihop_point(cfg, k, mode, device, seed, ckpt[k, mode]))
             for k, mode in todo]
@@ -96,7 +97,8 @@ def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, 
         result["points"].append(point)
         result["points"].sort(key=lambda p: (p["hops"], p["mode"]))
         run.write_result(result)
-        ckpt[point["hops"], point["mode"]].unlink(missing_ok=True)
+        if ckpt[point["hops"], point["mode"]] is not None:
+            ckpt[point["hops"], point["mode"]].unlink(missing_ok=True)
 
     (executor or LocalExecutor(desc="facts multihop")).map(jobs, on_result)
     result.update(subjects=cfg.subjects, relations=cfg.relations, d=cfg.d, mlp_width=cfg.mlp_width)
