@@ -344,7 +344,8 @@ def lre_table(out: Path, part: str | None = None) -> str:
                     "both have; interval: bootstrap over relations; p: permutation test.")
     for r in sp:
         rows.append(f"\nSpearman {r['model']} vs {r['reference']} ({r['rho_n']} relations): rho {r['rho']:.2f} "
-                    f"[{r['rho_ci'][0]:.2f}, {r['rho_ci'][1]:.2f}], permutation p {r['p_value']:.3f}")
+                    f"[{r['rho_ci'][0]:.2f}, {r['rho_ci'][1]:.2f}], permutation p "
+                    + (f"{r['p_value']:.3f}" if r["p_value"] >= 0.001 else "< 0.001"))  # not a printed 0.000
     return "\n".join(rows)
 
 
