@@ -105,7 +105,11 @@ def compute_one(regime: str, n: int, r: int, a: int, d: int, mlp_width: int, see
     else:
         from mechfact.facts.train import train_resumable
 
-        fit, before = train_resumable(model, world, tcfg, Path(checkpoint), device=device)
+        from mechfact.runs import config_sha256
+
+        what = dict(regime=regime, n=n, r=r, a=a, d=d, mlp_width=mlp_width, seed=seed, steps=steps,
+                    train=dataclasses.asdict(tcfg), model=model_options)
+        fit, before = train_resumable(model, world, tcfg, Path(checkpoint), device=device, tag=config_sha256(what))
     model.eval()
     # the new facts of freeze-and-swap: a world seed no model of the study trains on
     probes = mechfact.probe_all(model, world, seed=seed, swap=SwapConfig(new_seed=NEW_WORLD_SEED + seed))

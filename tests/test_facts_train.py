@@ -230,3 +230,33 @@ def test_squared_loss_gradient_is_bitwise_reproducible_with_two_threads():
     h, W = h0.clone().requires_grad_(), W0.clone().requires_grad_()
     dense = ((h @ W - torch.nn.functional.one_hot(t, 256).float()) ** 2).sum(-1).mean()
     torch.testing.assert_close(linear_squared_error(h0, W0, t), dense.detach(), rtol=1e-5, atol=1e-3)
+
+
+def test_a_checkpoint_of_other_work_is_refused_and_a_diverged_training_leaves_none(tmp_path):
+    """train_resumable: a checkpoint saved under another tag (another config in a reused folder) is refused with
+    the file's name instead of resuming the wrong model; a training that diverges deletes its checkpoint."""
+    from mechfact.facts import FactWorld, build_fact_model
+    from mechfact.facts.train import train_resumable
+
+    world = FactWorld(16, 2, 0)
+    cfg = TrainConfig(steps=40, target_accuracy=None, eval_every=10)
+    path = tmp_path / "ckpt.pt"
+    train_resumable(build_fact_model(world, 8, 16), world, cfg, path, checkpoint_every=10, tag="a")
+    assert path.is_file()
+    with pytest.raises(ValueError, match="ckpt.pt: a checkpoint of other work"):
+        train_resumable(build_fact_model(world, 8, 16), world, cfg, path, tag="b")
+    res, _ = train_resumable(build_fact_model(world, 8, 16), world, cfg, path, tag="a")  # finished: no step more
+    assert res.steps == 40
+    path.unlink()
+
+    def stop(state):
+        if state["step"] == 20:
+            raise KeyboardInterrupt
+
+    long = TrainConfig(steps=400, target_accuracy=None, eval_every=10)
+    with pytest.raises(KeyboardInterrupt):
+        train_resumable(build_fact_model(world, 8, 16), world, long, path, checkpoint_every=10, after_checkpoint=stop)
+    assert torch.load(path, weights_only=True)["step"] == 20  # a stopped training keeps its checkpoint
+    with pytest.raises(ValueError, match="diverged"):  # resumed at a learning rate that blows it up
+        train_resumable(build_fact_model(world, 8, 16), world, TrainConfig(**{**long.to_dict(), "lr": 1e10}), path)
+    assert not path.exists()

@@ -54,8 +54,8 @@ class MultihopConfig(DictConfig):
         _refuse_if_too_big(rows)
 
 
-def _multihop_point(cfg: MultihopConfig, k: int, mode: str, device, seed: int, checkpoint: Path | None = None
-                    ) -> dict:
+def _multihop_point(cfg: MultihopConfig, k: int, mode: str, device, seed: int, checkpoint: Path | None = None,
+                    tag: str = "") -> dict:
     """Train one k-hop model (direct or chain of thought) and measure it: one multihop job. With ``checkpoint``
     the training saves its state there and resumes from it (a stopped run keeps its points in training)."""
     world = FactWorld(cfg.subjects, cfg.relations, seed)
@@ -66,7 +66,7 @@ def _multihop_point(cfg: MultihopConfig, k: int, mode: str, device, seed: int, c
     if checkpoint is None:
         res = train(model, world, tcfg, device=device, queries=queries, progress=False)
     else:
-        res, _ = train_resumable(model, world, tcfg, checkpoint, device=device, queries=queries)
+        res, _ = train_resumable(model, world, tcfg, checkpoint, device=device, queries=queries, tag=tag)
     return {"hops": k, "mode": mode, "accuracy": res["accuracy"], "token_accuracy": res["token_accuracy"],
             "n_queries": len(queries), "steps": res["steps"], "stopped": res["stopped"], "device": str(device)}
 
@@ -86,11 +86,13 @@ def run_multihop(cfg: MultihopConfig, out: str | Path, *, device: torch.device, 
     done = {(p["hops"], p["mode"]) for p in result["points"]}
     todo = [(k, mode) for k in sorted(set(cfg.hops)) for mode in (("direct", "cot") if k > 1 else ("direct",))
             if (k, mode) not in done]
-    # one training checkpoint per point (run.file commits config.json first), deleted once the point is written;
-    # none where a cluster's workers may not see this folder
-    ckpt = {key: run.file(point_checkpoint(*key)) if on_this_machine(executor) else None for key in todo}
+    # one training checkpoint per point, tagged with the run's config hash (config.json is written with the first
+    # result, so a run that fails leaves no config behind), deleted once the point is written; none where a
+    # cluster's workers may not see this folder
+    ckpt = {key: run.path / point_checkpoint(*key) if on_this_machine(executor) else None for key in todo}
+    tag = run.sha256  # a plain string in the jobs' closures (Ray pickles them; the RunDir holds a lock)
     jobs = [Job(key=f"hops={k} {mode}", cost=k * (2 if mode == "cot" else 1),
-                fn=lambda k=k, mode=mode: _multihop_point(cfg, k, mode, device, seed, ckpt[k, mode]))
+                fn=lambda k=k, mode=mode: _multihop_point(cfg, k, mode, device, seed, ckpt[k, mode], tag))
             for k, mode in todo]
 
     def on_result(job: Job, point: dict) -> None:

@@ -290,28 +290,37 @@ def save_checkpoint(path: Path, model: FactModel, state: dict) -> None:
 
 def train_resumable(model: FactModel, world: FactWorld, cfg: TrainConfig, path: Path,
                     device: str | torch.device = "cpu", queries: Queries | None = None, *,
-                    checkpoint_every: int = 500, after_checkpoint: Callable[[dict], None] | None = None
-                    ) -> tuple[TrainResult, float]:
+                    checkpoint_every: int = 500, after_checkpoint: Callable[[dict], None] | None = None,
+                    tag: str = "") -> tuple[TrainResult, float]:
     """:func:`train` that saves its state to ``path`` every ``checkpoint_every`` steps (and when it stops) and,
     when ``path`` exists, resumes from it: a run killed mid-training loses at most ``checkpoint_every`` steps,
     and a resumed run ends with the numbers of an uninterrupted one (full-batch training; minibatches resume
     their generator). Returns the result and the training seconds already spent by earlier processes (up to
     their last checkpoint), which the caller adds to its own time. The caller deletes ``path`` once its results
-    are written. ``after_checkpoint(state)`` is called after each save (a test hook)."""
+    are written. ``tag`` (e.g. the hash of what is trained) is saved with the state, and a checkpoint saved under
+    another tag is refused, naming the file: a folder reused for other work never resumes the wrong model. A
+    training that fails (diverges) deletes its checkpoint: resuming it would fail again.
+    ``after_checkpoint(state)`` is called after each save (a test hook)."""
     import time
 
     path = Path(path)
     resume = load_checkpoint(path, model) if path.exists() else None
+    if resume is not None and resume.pop("tag", "") != tag:
+        raise ValueError(f"{path}: a checkpoint of other work (another config); delete it to train from scratch")
     before = float(resume.pop("elapsed_s", 0.0)) if resume is not None else 0.0
     if resume is not None:
         logger.info("resuming from %s at step %d", path, resume["step"])
     t0 = time.time()
 
     def save(state: dict) -> None:
-        save_checkpoint(path, model, {**state, "elapsed_s": before + time.time() - t0})
+        save_checkpoint(path, model, {**state, "elapsed_s": before + time.time() - t0, "tag": tag})
         if after_checkpoint is not None:
             after_checkpoint(state)
 
-    res = train(model, world, cfg, device=device, queries=queries, checkpoint=save,
-                checkpoint_every=checkpoint_every, resume=resume)
+    try:
+        res = train(model, world, cfg, device=device, queries=queries, checkpoint=save,
+                    checkpoint_every=checkpoint_every, resume=resume)
+    except ValueError:
+        path.unlink(missing_ok=True)
+        raise
     return res, before
