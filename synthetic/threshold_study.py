@@ -91,6 +91,8 @@ def compute_one(regime: str, n: int, r: int, a: int, d: int, mlp_width: int, see
     ``wall_time_s`` counts earlier processes' training up to their last checkpoint."""
     import mechfact
     from mechfact.facts.model import FactModel, FactModelConfig
+    from mechfact.facts.train import train_resumable
+    from mechfact.runs import config_sha256
     from mechfact.targets import SwapConfig
 
     world = mechfact.FactWorld(n, r, seed=seed, attributes=a)
@@ -100,16 +102,10 @@ def compute_one(regime: str, n: int, r: int, a: int, d: int, mlp_width: int, see
     model = FactModel(FactModelConfig(n, r, d=d, mlp_width=mlp_width, seed=seed, n_special=world.n_special,
                                       n_outputs=0 if a == n else a, **model_options))
     t0 = time.time()
-    if checkpoint is None:
-        fit, before = mechfact.train(model, world, tcfg, device=device), 0.0
-    else:
-        from mechfact.facts.train import train_resumable
-
-        from mechfact.runs import config_sha256
-
-        what = dict(regime=regime, n=n, r=r, a=a, d=d, mlp_width=mlp_width, seed=seed, steps=steps,
-                    train=dataclasses.asdict(tcfg), model=model_options)
-        fit, before = train_resumable(model, world, tcfg, Path(checkpoint), device=device, tag=config_sha256(what))
+    what = dict(regime=regime, n=n, r=r, a=a, d=d, mlp_width=mlp_width, seed=seed, steps=steps,
+                train=dataclasses.asdict(tcfg), model=model_options)  # the checkpoint's tag: what it trains
+    fit, before = train_resumable(model, world, tcfg, Path(checkpoint) if checkpoint else None, device=device,
+                                  tag=config_sha256(what))
     model.eval()
     # the new facts of freeze-and-swap: a world seed no model of the study trains on
     probes = mechfact.probe_all(model, world, seed=seed, swap=SwapConfig(new_seed=NEW_WORLD_SEED + seed))

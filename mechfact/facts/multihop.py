@@ -17,7 +17,7 @@ from ..runs import RunDir
 from .model import build_fact_model
 from .spec import (ModelSpec, _check_chains, _check_hops, _check_world_and_size, _refuse_if_too_big, training_cost,
                    training_queries)
-from .train import TrainConfig, train, train_resumable
+from .train import TrainConfig, train_resumable
 from .world import FactWorld
 
 
@@ -63,10 +63,7 @@ def _multihop_point(cfg: MultihopConfig, k: int, mode: str, device, seed: int, c
     cot = mode == "cot"
     queries = training_queries(world, k, cot)
     model = build_fact_model(world, cfg.d, cfg.mlp_width, hops=k, cot=cot, seed=seed, **cfg.model.model_kwargs())
-    if checkpoint is None:
-        res = train(model, world, tcfg, device=device, queries=queries, progress=False)
-    else:
-        res, _ = train_resumable(model, world, tcfg, checkpoint, device=device, queries=queries, tag=tag)
+    res, _ = train_resumable(model, world, tcfg, checkpoint, device=device, queries=queries, tag=tag)
     return {"hops": k, "mode": mode, "accuracy": res["accuracy"], "token_accuracy": res["token_accuracy"],
             "n_queries": len(queries), "steps": res["steps"], "stopped": res["stopped"], "device": str(device)}
 

@@ -288,7 +288,7 @@ def save_checkpoint(path: Path, model: FactModel, state: dict) -> None:
         torch.save({"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **state}, tmp)
 
 
-def train_resumable(model: FactModel, world: FactWorld, cfg: TrainConfig, path: Path,
+def train_resumable(model: FactModel, world: FactWorld, cfg: TrainConfig, path: Path | None,
                     device: str | torch.device = "cpu", queries: Queries | None = None, *,
                     checkpoint_every: int = 500, after_checkpoint: Callable[[dict], None] | None = None,
                     tag: str = "") -> tuple[TrainResult, float]:
@@ -300,9 +300,12 @@ def train_resumable(model: FactModel, world: FactWorld, cfg: TrainConfig, path: 
     are written. ``tag`` (e.g. the hash of what is trained) is saved with the state, and a checkpoint saved under
     another tag is refused, naming the file: a folder reused for other work never resumes the wrong model. A
     training that fails (diverges) deletes its checkpoint: resuming it would fail again.
-    ``after_checkpoint(state)`` is called after each save (a test hook)."""
+    ``after_checkpoint(state)`` is called after each save (a test hook). ``path`` None: plain :func:`train`
+    (where no checkpoint can be kept), ``(result, 0.0)``."""
     import time
 
+    if path is None:
+        return train(model, world, cfg, device=device, queries=queries), 0.0
     path = Path(path)
     resume = load_checkpoint(path, model) if path.exists() else None
     if resume is not None and resume.pop("tag", "") != tag:
