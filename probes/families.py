@@ -383,19 +383,21 @@ def lre_sweep_table(out: Path) -> str:
     rows = ["| relation | model | n | F (train beta) by layer | C (train rank) by layer | chosen on training facts: "
             "F layer: F [95%] / C layer: C [95%] | F at the fixed beta, C layer (the authors' rule) |",
             "|---|---|---|---|---|---|---|"]
-    for m in MODELS:
-        for n, x in _lre_rows(out, m, "layers").items():
-            if not x.get("by_layer"):
-                continue
-            f = ", ".join(f"{b['layer']}: {b['faithfulness_train_beta']:.2f}" for b in x["by_layer"]
-                          if b.get("faithfulness_train_beta") is not None)
-            c = ", ".join(f"{b['layer']}: {b['causality']:.2f}" if b.get("causality") is not None
-                          else f"{b['layer']}: —" for b in x["by_layer"])
-            at_c = next((b.get("faithfulness") for b in x["by_layer"] if b["layer"] == x.get("edit_layer")), None)
-            cap = f", ≤{x['max_causality']} edits/trial" if x.get("max_causality") else ""
-            rows.append(f"| {n} | {m} | {x['n_test']}×{x.get('n_trials')}{cap} | {f} | {c} | {x['layer']}: "
-                        f"{_ci(x, 'faithfulness_train_beta')} / {x.get('edit_layer')}: {_ci(x, 'causality')} | "
-                        + ("—" if at_c is None else f"{at_c:.2f} (beta {x.get('beta')})") + " |")
+    cells = {m: _lre_rows(out, m, "layers") for m in MODELS}
+    names = list(dict.fromkeys(n for m in MODELS for n in cells[m]))  # each relation's models side by side
+    for n, m in ((n, m) for n in names for m in MODELS if n in cells[m]):
+        x = cells[m][n]
+        if not x.get("by_layer"):
+            continue
+        f = ", ".join(f"{b['layer']}: {b['faithfulness_train_beta']:.2f}" for b in x["by_layer"]
+                      if b.get("faithfulness_train_beta") is not None)
+        c = ", ".join(f"{b['layer']}: {b['causality']:.2f}" if b.get("causality") is not None
+                      else f"{b['layer']}: —" for b in x["by_layer"])
+        at_c = next((b.get("faithfulness") for b in x["by_layer"] if b["layer"] == x.get("edit_layer")), None)
+        cap = f", ≤{x['max_causality']} edits/trial" if x.get("max_causality") else ""
+        rows.append(f"| {n} | {m} | {x['n_test']}×{x.get('n_trials')}{cap} | {f} | {c} | {x['layer']}: "
+                    f"{_ci(x, 'faithfulness_train_beta')} / {x.get('edit_layer')}: {_ci(x, 'causality')} | "
+                    + ("—" if at_c is None else f"{at_c:.2f} (beta {x.get('beta')})") + " |")
     return "\n".join(rows)
 
 

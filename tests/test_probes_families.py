@@ -284,3 +284,15 @@ def test_the_layer_sweep_table_shows_the_train_chosen_layers_with_intervals_and_
     line = F.lre_sweep_table(tmp_path).splitlines()[-1]
     assert line == ("| r | smollm2-135m | 12×8, ≤64 edits/trial | 3: 0.60, 9: 0.80 | 3: 0.20, 9: 0.40 | "
                     "9: 0.80 [0.70, 0.90] / 3: 0.20 [0.10, 0.30] | 0.50 (beta 2.25) |")
+
+
+def test_the_layer_sweep_table_puts_each_relations_models_side_by_side(tmp_path):
+    by_layer = [{"layer": 3, "faithfulness": 0.5, "faithfulness_train_beta": 0.6, "causality": 0.2}]
+    for m, names in (("smollm2-135m", ("a", "b")), ("gemma3-270m", ("a", "b"))):
+        folder = tmp_path / m / "lre_layers_factual"
+        folder.mkdir(parents=True)
+        rows = [{"relation": n, "beta": 2.25, "n_test": 4, "n_trials": 8, "layer": 3, "edit_layer": 3,
+                 "by_layer": by_layer} for n in names]
+        (folder / "result.json").write_text(json.dumps({"per_relation": rows}))
+    order = [tuple(c.strip() for c in line.split("|")[1:3]) for line in F.lre_sweep_table(tmp_path).splitlines()[2:]]
+    assert order == [("a", "smollm2-135m"), ("a", "gemma3-270m"), ("b", "smollm2-135m"), ("b", "gemma3-270m")]
