@@ -164,7 +164,8 @@ def _portable(x, roots: set[str]):
 
 
 def export(out: Path, dest: Path) -> int:
-    """Copies every run folder's JSON files (not figures or caches) from ``out`` to ``dest`` with the same layout,
+    """Copies every run folder's JSON files (not figures or caches) and its trial checkpoints (a relation stopped
+    part way) from ``out`` to ``dest`` with the same layout,
     the relations data paths in configs written as ``DATA_NAME/<part>``: the numbers a clone rebuilds the page
     from. Returns the number of files written."""
     from mechfact.runs import atomic_path
@@ -181,7 +182,26 @@ def export(out: Path, dest: Path) -> int:
                 with atomic_path(target) as tmp:
                     tmp.write_text(json.dumps(_portable(_read(folder / name), roots), indent=1) + "\n")
                 n += 1
+        n += _copy_trials(folder, dest / folder.relative_to(out))
     return n
+
+
+def _copy_trials(src: Path, dst: Path) -> int:
+    """Copies a run's trial checkpoints (``trials/*.npz``: a relation stopped part way, kept trial by trial) and
+    drops those ``src`` no longer has (the relation finished); returns the number copied."""
+    from mechfact.llm.lre import TRIALS_DIR
+    from mechfact.runs import atomic_path
+
+    have = {f.name: f for f in sorted((src / TRIALS_DIR).glob("*.npz"))}
+    for old in (dst / TRIALS_DIR).glob("*.npz"):
+        if old.name not in have:
+            old.unlink()
+    for name, f in have.items():
+        with atomic_path(dst / TRIALS_DIR / name) as tmp:
+            tmp.write_bytes(f.read_bytes())
+    if (dst / TRIALS_DIR).is_dir() and not have:
+        (dst / TRIALS_DIR).rmdir()
+    return len(have)
 
 
 def resume_shipped(shipped: Path, out: Path, data: Path) -> list[str]:
@@ -210,6 +230,7 @@ def resume_shipped(shipped: Path, out: Path, data: Path) -> list[str]:
         if "config.json" in files and isinstance(files["result.json"], dict) \
                 and "config_sha256" in files["result.json"]:
             files["result.json"]["config_sha256"] = config_sha256(files["config.json"])
+        _copy_trials(folder, target)  # a relation stopped part way resumes at its next trial
         for name, value in files.items():  # result.json last: a folder with it is a run (see the glob above)
             if name != "result.json":
                 write_json_atomic(target / name, value)

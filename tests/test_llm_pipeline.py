@@ -543,3 +543,59 @@ def test_lre_layer_sweep_equals_single_layer_runs(tiny, tmp_path, one_thread):
         LreConfig(layer=1, layers=[0, 1])
     with pytest.raises(ValueError, match="--layers 5: out of range"):
         run_llm_lre(LreConfig(layers=[0, 5], **opts), tmp_path / "bad", lm=lm)
+
+
+def test_an_interrupted_relation_resumes_at_its_next_trial_with_the_same_numbers(tiny, tmp_path, monkeypatch,
+                                                                                 one_thread):
+    """The authors' protocol keeps a relation's finished trials: a run killed in trial 3 of 4 resumes there (trials
+    1-2 are not recomputed) and writes the uninterrupted run's result.json; the checkpoint goes once the
+    relation's rows are in result.json. A checkpoint of other facts is ignored."""
+    from mechfact.llm import lre_authors
+    from mechfact.llm.lre import TRIALS_DIR, LreConfig, run_llm_lre
+
+    lm = tiny["models"]["qwen2"]
+    cfg = LreConfig(relations=str(tiny["relations"]), relation_names=["tiny_colour"], n_train=2, facts="all",
+                    k_shot=2, chunk=16, n_trials=4, ranks=[4, 8], layers=[0, 1])
+    whole = run_llm_lre(cfg, tmp_path / "whole", lm=lm)
+    assert whole["per_relation"][0]["n_trials"] == 4
+
+    real, calls = lre_authors.states_at, []
+
+    def dies_in_trial_3(*a, **k):  # states_at runs once per trial, first thing after the split
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+
+    monkeypatch.setattr(lre_authors, "states_at", dies_in_trial_3)
+    with pytest.raises(KeyboardInterrupt):
+        run_llm_lre(cfg, tmp_path / "cut", lm=lm)
+    ck = list((tmp_path / "cut" / TRIALS_DIR).glob("*.npz"))
+    assert len(ck) == 1
+    calls.clear()
+    again = run_llm_lre(cfg, tmp_path / "cut", lm=lm)
+    assert len(calls) == 2  # trials 3 and 4 only
+    assert again["per_relation"] == whole["per_relation"]
+    assert again["per_relation_layer"] == whole["per_relation_layer"]
+    assert not (tmp_path / "cut" / TRIALS_DIR).exists()
+    assert json.loads((tmp_path / "cut" / "result.json").read_text()) == \
+        json.loads((tmp_path / "whole" / "result.json").read_text())
+
+    # a checkpoint written for other facts (same relation name) is not resumed: all 4 trials run again
+    from mechfact.llm.relations import Relation, load_relations
+
+    rel = load_relations(tiny["relations"], ["tiny_colour"])[0]
+    other = Relation(rel.name, rel.prompt_templates, list(zip(rel.subjects, reversed(rel.objects))), kind=rel.kind)
+    calls.clear()
+    monkeypatch.setattr(lre_authors, "states_at", dies_in_trial_3)
+    path = tmp_path / "other.npz"
+    with pytest.raises(KeyboardInterrupt):
+        lre_authors.evaluate(lm, other, cfg, [0, 1], 0, checkpoint=path)
+    assert path.is_file()
+    calls.clear()
+    monkeypatch.setattr(lre_authors, "states_at", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    rows, _ = lre_authors.evaluate(lm, rel, cfg, [0, 1], 0, checkpoint=path)
+    assert len(calls) == 4
+    assert [{k: v for k, v in r.items() if k in ("faithfulness", "causality", "n_trials")} for r in rows] == \
+        [{k: v for k, v in r.items() if k in ("faithfulness", "causality", "n_trials")}
+         for r in whole["per_relation_layer"]]

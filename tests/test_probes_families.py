@@ -180,6 +180,29 @@ def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
     assert "--resume-from needs --run" in capsys.readouterr().err
 
 
+def test_a_relation_stopped_part_way_travels_with_the_exported_runs(tmp_path):
+    """A relation's trial checkpoint (trials/*.npz) is exported beside the run's JSON and copied back by
+    --resume-from, byte for byte; once the relation has finished, the next export drops it."""
+    from mechfact.llm.lre import TRIALS_DIR
+    from mechfact.runs import RunDir
+
+    runs, shipped, out = tmp_path / "runs", tmp_path / "docs" / "fam", tmp_path / "again"
+    run = RunDir(runs / "gemma3-270m" / "lre_layers_factual", {"relations": str(tmp_path / "lre" / "factual")},
+                 kind="llm.lre", seed=0, device="cpu", model_id="gemma3-270m:abc")
+    run.write_result({"per_relation": [{"relation": "country capital city", "faithfulness": 0.5}]})
+    ck = run.path / TRIALS_DIR / "person_native_language-0123abcd.npz"
+    ck.parent.mkdir()
+    ck.write_bytes(b"trials 1-5 \x00\x01 of 8")
+    assert F.export(runs, shipped) == 4  # config, result, wall time, the checkpoint
+    there = shipped / "gemma3-270m" / "lre_layers_factual" / TRIALS_DIR / ck.name
+    assert there.read_bytes() == ck.read_bytes()
+    assert F.resume_shipped(shipped, out, tmp_path / "lre") == ["gemma3-270m/lre_layers_factual"]
+    assert (out / "gemma3-270m" / "lre_layers_factual" / TRIALS_DIR / ck.name).read_bytes() == ck.read_bytes()
+    ck.unlink()  # the relation finished: its rows are in result.json
+    F.export(runs, shipped)
+    assert not there.exists() and not there.parent.exists()
+
+
 def test_run_status_counts_relations_against_every_model_and_every_request(tmp_path):
     """A model whose folders are finished but hold fewer relations than another model's (or than a folder's
     --relation-names asks for) is not reported as finished; a cap on causality edits shows in the cell."""

@@ -27,6 +27,7 @@ with the batched-copies autograd method for blocks it does not reproduce). Edite
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,10 +217,12 @@ def lre_sweep(lm: LanguageModel, relation, layers: list[int], *, seed: int = 0, 
     return _results(lm, relation, LreConfig(layers=list(layers), **options), seed, progress)
 
 
-def _evaluate(lm, rel, cfg: LreConfig, layers: list[int], seed: int, progress: bool) -> tuple[list[dict], "LRE | None"]:
-    """One row per layer (each with its ``layer``) and the last fitted operator."""
+def _evaluate(lm, rel, cfg: LreConfig, layers: list[int], seed: int, progress: bool,
+              checkpoint: Path | None = None) -> tuple[list[dict], "LRE | None"]:
+    """One row per layer (each with its ``layer``) and the last fitted operator; ``checkpoint`` (the authors'
+    protocol): a file that keeps the relation's finished trials (:func:`mechfact.llm.lre_authors.evaluate`)."""
     if cfg.protocol == "authors":
-        return lre_authors.evaluate(lm, rel, cfg, layers, seed, progress)
+        return lre_authors.evaluate(lm, rel, cfg, layers, seed, progress, checkpoint)
     rows, op = [], None
     for layer in layers:
         row, op = lre_mechfact.evaluate(lm, rel, cfg, layer, seed, progress)
@@ -243,10 +246,23 @@ def best_layer_row(rows: list[dict]) -> dict:
     return lre_mechfact.relation_row(rows)
 
 
-def _relation_job(cfg: LreConfig, layers: list[int], seed: int, rel: Relation, device: str) -> list[dict]:
-    """One relation's rows in an executor worker (which loads ``cfg.model`` once)."""
-    rows, _ = _evaluate(worker_model(cfg.model, device, cfg.dtype), rel, cfg, layers, seed, False)
+def _relation_job(cfg: LreConfig, layers: list[int], seed: int, rel: Relation, device: str,
+                  trials: str | None = None) -> list[dict]:
+    """One relation's rows in an executor worker (which loads ``cfg.model`` once); ``trials``: the run's folder
+    of trial checkpoints (:func:`_trials_file`)."""
+    ck = None if trials is None else _trials_file(Path(trials), rel.name)
+    rows, _ = _evaluate(worker_model(cfg.model, device, cfg.dtype), rel, cfg, layers, seed, False, ck)
     return rows
+
+
+TRIALS_DIR = "trials"  # a run's per-relation trial checkpoints, removed as each relation's rows are written
+
+
+def _trials_file(folder: Path, relation: str) -> Path:
+    """The checkpoint file of ``relation``'s finished trials in a run's ``trials/`` folder."""
+    slug = "".join(c if c.isalnum() else "_" for c in relation)
+    digest = hashlib.sha256(relation.encode()).hexdigest()[:8]  # two names with one slug keep two files
+    return folder / f"{slug}-{digest}.npz"
 
 
 def _summarise(result: dict, cfg: LreConfig, seed: int) -> None:
@@ -289,6 +305,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
                               "per_relation_layer": []})
     done = {r["relation"] for r in result["per_relation"]}
     order = {r.name: i for i, r in enumerate(rels)}
+    trials = run.path / TRIALS_DIR  # an interrupted relation resumes at its next trial
 
     def add(name: str, rows: list[dict]) -> None:
         row = best_layer_row(rows)
@@ -300,15 +317,18 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
             result[key].sort(key=lambda x: order.get(x["relation"], len(order)))
         _summarise(result, cfg, seed)
         run.write_result(result)
+        _trials_file(trials, name).unlink(missing_ok=True)  # its trials are in result.json now
 
     todo = [rel for rel in rels if rel.name not in done]
     with tqdm(total=len(todo), desc="relations", disable=not progress or check_remote(executor, None)) as bar:
         def local(rel):
-            rows = _evaluate(lm, rel, cfg, layers, seed, progress)[0]
+            rows = _evaluate(lm, rel, cfg, layers, seed, progress, _trials_file(trials, rel.name))[0]
             bar.update()
             return rows
 
-        map_relations(todo, executor, lm, local, lambda rel: functools.partial(_relation_job, cfg, layers, seed), add)
+        map_relations(todo, executor, lm, local, lambda rel: functools.partial(_relation_job, cfg, layers, seed, trials=str(trials)), add)
     _summarise(result, cfg, seed)
+    if trials.is_dir() and not any(trials.iterdir()):
+        trials.rmdir()
     plot = plots.plot_lre_layers if len(layers) > 1 else plots.plot_lre
     return run.finish(result, plot, "fig_lre.png", model=lm.name, model_id=lm.model_id)

@@ -47,12 +47,16 @@ fact (e.g. "University" is a prefix of every object of ``person university``), i
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import stats
+from ..runs import atomic_path
 from ..seeding import derive_seed
 from .lre_operator import LRE, decode_top, edited_predictions, jacobians, states_at
 from .prompts import build_prompts, prefix_match
@@ -165,9 +169,74 @@ def _f(x) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False) -> tuple[list[dict], LRE | None]:
+def _checkpoint_key(rel, cfg, layers: list[int], seed: int, ranks: list[int]) -> dict:
+    """What a trial checkpoint must match to be resumed: the relation, the config, the layers, ranks and seed."""
+    cfg_d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+    for k in ("relations", "relation_names"):  # where the run's relations come from: the relation's own hash
+        cfg_d.pop(k, None)                     # below says which facts it is (a run moved to other folders resumes)
+    facts = json.dumps([rel.name, list(rel.prompt_templates), list(rel.subjects), list(rel.objects)])
+    return json.loads(json.dumps({"relation": rel.name, "n_samples": len(rel),
+                                  "facts_sha256": hashlib.sha256(facts.encode()).hexdigest(),
+                                  "layers": list(layers), "ranks": list(ranks), "seed": seed, "config": cfg_d},
+                                 default=str))
+
+
+def _save_trials(path: Path, key: dict, next_trial: int, per_layer: dict, majority: "_Outcomes",
+                 known: set, objects: set, trials_meta: list) -> None:
+    """The accumulated outcomes of a relation's finished trials, written atomically (one .npz)."""
+    arrays = {"majority_hits": majority.hits, "majority_counts": majority.counts}
+    counts = {}
+    for layer, acc in per_layer.items():
+        for name in ("faith", "caus", "proj"):
+            arrays[f"{layer}_{name}_hits"], arrays[f"{layer}_{name}_counts"] = acc[name].hits, acc[name].counts
+        arrays[f"{layer}_train_f"], arrays[f"{layer}_train_c"] = acc["train_f"], acc["train_c"]
+        counts[str(layer)] = [acc["train_f_n"], acc["train_c_n"]]
+    meta = {"key": key, "next_trial": next_trial, "train_counts": counts, "trials": trials_meta,
+            "known_facts": sorted(known), "scored_objects": sorted(objects, key=lambda o: (type(o).__name__, o))}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez_compressed(f, **arrays)
+
+
+def _load_trials(path: Path, key: dict, per_layer: dict, majority: "_Outcomes", known: set, objects: set,
+                 trials_meta: list) -> int:
+    """Restores a relation's finished trials from :func:`_save_trials`' file; the first trial still to run (0
+    when there is no file, or one written for another relation, config, layers or seed)."""
+    if not path.is_file():
+        return 0
+    try:
+        with np.load(path) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta["key"] != key:
+                logger.warning("%s: written for another relation, config, layers or seed; starting the relation "
+                               "over", path)
+                return 0
+            majority.hits[:], majority.counts[:] = z["majority_hits"], z["majority_counts"]
+            for layer, acc in per_layer.items():
+                for name in ("faith", "caus", "proj"):
+                    acc[name].hits[:], acc[name].counts[:] = z[f"{layer}_{name}_hits"], z[f"{layer}_{name}_counts"]
+                acc["train_f"][:], acc["train_c"][:] = z[f"{layer}_train_f"], z[f"{layer}_train_c"]
+                acc["train_f_n"], acc["train_c_n"] = meta["train_counts"][str(layer)]
+    except (OSError, ValueError, KeyError, EOFError) as e:  # a damaged file: the relation starts over
+        logger.warning("%s: unreadable trial checkpoint (%s); starting the relation over", path, e)
+        return 0
+    known.update(meta["known_facts"])
+    objects.update(meta["scored_objects"])
+    trials_meta.extend(meta["trials"])
+    logger.info("%s: %d of %d trials restored from %s", key["relation"], meta["next_trial"], key["config"].get(
+        "n_trials", "?"), path.name)
+    return int(meta["next_trial"])
+
+
+def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False,
+             checkpoint: str | Path | None = None) -> tuple[list[dict], LRE | None]:
     """One row per layer of ``rel`` (see the module docstring; the trials' splits, known facts and edit targets are
     the same at every layer) and the last trial's operator at the last layer.
+
+    ``checkpoint``: a file where the outcomes are saved after every finished trial; an interrupted relation
+    resumes from it at its next trial with the same numbers as an uninterrupted run (each trial draws from its own
+    seed), so a relation longer than a run may take is never lost. The operator returned is None when every
+    trial was restored.
 
     The model-facing steps (states, Jacobians, decoding, edited runs) are :mod:`.lre_operator`'s; the protocol
     is this module's only job.
@@ -187,7 +256,12 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False)
     known_facts: set[int] = set()
     scored_objects: set[str] = set()
     trials_meta, op = [], None
-    for t in range(T):
+    key = _checkpoint_key(rel, cfg, layers, seed, ranks)
+    state = (per_layer, majority, known_facts, scored_objects, trials_meta)
+    start = 0 if checkpoint is None else _load_trials(Path(checkpoint), key, *state)
+    for t in range(start, T):
+        if checkpoint is not None and t > start:  # trial t - 1 is finished: keep it
+            _save_trials(Path(checkpoint), key, t, *state)
         rng = np.random.default_rng(derive_seed(seed, f"llm.lre.authors.{rel.name}", t))
         train, test = max_coverage_split(rel.objects, rel.subjects, cfg.n_train, rng)
         if len(train) < 2:
