@@ -326,7 +326,8 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
             bar.update()
             return rows
 
-        map_relations(todo, executor, lm, local, lambda rel: functools.partial(_relation_job, cfg, layers, seed, trials=str(trials)), add)
+        job = functools.partial(_relation_job, cfg, layers, seed, trials=str(trials))
+        map_relations(todo, executor, lm, local, lambda rel: job, add)
     _summarise(result, cfg, seed)
     if trials.is_dir() and not any(trials.iterdir()):
         trials.rmdir()
