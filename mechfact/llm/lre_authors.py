@@ -171,7 +171,7 @@ def _f(x) -> float | None:
 
 def _checkpoint_key(rel, cfg, layers: list[int], seed: int, ranks: list[int]) -> dict:
     """What a trial checkpoint must match to be resumed: the relation, the config, the layers, ranks and seed."""
-    cfg_d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+    cfg_d = cfg.to_dict()
     for k in ("relations", "relation_names"):  # where the run's relations come from: the relation's own hash
         cfg_d.pop(k, None)                     # below says which facts it is (a run moved to other folders resumes)
     facts = json.dumps([rel.name, list(rel.prompt_templates), list(rel.subjects), list(rel.objects)])
