@@ -542,7 +542,8 @@ def _part_status(out: Path, m: str, name: str) -> str:
     if name.startswith("lre_"):
         rels = [[x["relation"] for x in (_read(f / "result.json") or {}).get("per_relation", [])] for f in folders]
         n, held = sum(map(len, rels)), set().union(*map(set, rels))
-        every = set().union(*[_relation_names(f) for mm in MODELS for f in _part_folders(out, mm, name)])
+        every = set().union(*[_relation_names(f) for mm in MODELS for f in _part_folders(out, mm, name)],
+                            [k[0] for k in _kept(folders)])  # a relation kept part way has not finished
         if len(held) >= len(every) and not done:  # a stopped folder whose relations left ran in another
             stopped = sum(not (f / "meta.json").is_file() for f in folders)
             state = (f"finished ({stopped} folder stopped early, what it left ran in another)" if stopped == 1 else
@@ -552,7 +553,22 @@ def _part_status(out: Path, m: str, name: str) -> str:
                      else f"{n} of {len(every)} relations (the rest not run)")
         else:
             state += f", {n} relations"
-    return state + (f", {len(folders)} folders" if len(folders) > 1 else "")
+    return state + (f", {len(folders)} folders" if len(folders) > 1 else "") + _trials_status(folders)
+
+
+def _kept(folders: list[Path]) -> list[tuple[str, int, int]]:
+    """(relation, finished trials, trials asked for) of each relation the folders keep part way (its trial
+    checkpoint; an unreadable one left out)."""
+    from mechfact.llm.lre import TRIALS_DIR
+    from mechfact.llm.lre_authors import trials_kept
+
+    kept = [trials_kept(f) for folder in folders for f in sorted((folder / TRIALS_DIR).glob("*.npz"))]
+    return [k for k in kept if k is not None]
+
+
+def _trials_status(folders: list[Path]) -> str:
+    """'; <relation> at k of T trials' for each relation a stopped folder keeps part way."""
+    return "".join(f"; {rel} at {k} of {t} trials" for rel, k, t in _kept(folders))
 
 
 def runs_status(out: Path) -> str:

@@ -203,6 +203,24 @@ def test_a_relation_stopped_part_way_travels_with_the_exported_runs(tmp_path):
     assert not there.exists() and not there.parent.exists()
 
 
+def test_run_status_says_how_far_a_relation_stopped_part_way_got(tmp_path):
+    """A relation kept part way (its trial checkpoint) shows in the runs table with its trials done of those
+    asked; a damaged checkpoint is left out, not fatal."""
+    from mechfact.llm import lre_authors as A
+    from mechfact.llm.lre import TRIALS_DIR
+
+    _write(tmp_path, "qwen2.5-0.5b", [_row("a", lambda b: 0.5, 1.0)])
+    trials = tmp_path / "qwen2.5-0.5b" / "lre_authors_factual" / TRIALS_DIR
+    trials.mkdir()
+    key = {"relation": "landmark on continent", "config": {"n_trials": 8}}
+    A._save_trials(trials / "landmark_on_continent-0123abcd.npz", key, 3, {}, A._Outcomes(1, 8, 4), set(), set(),
+                   [])
+    (trials / "damaged-00000000.npz").write_bytes(b"not an npz")
+    status = F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual")
+    assert status.startswith("partial") and status.endswith("; landmark on continent at 3 of 8 trials"), status
+    assert A.trials_kept(trials / "damaged-00000000.npz") is None
+
+
 def test_run_status_counts_relations_against_every_model_and_every_request(tmp_path):
     """A model whose folders are finished but hold fewer relations than another model's (or than a folder's
     --relation-names asks for) is not reported as finished; a cap on causality edits shows in the cell."""

@@ -228,6 +228,16 @@ def _load_trials(path: Path, key: dict, per_layer: dict, majority: "_Outcomes", 
     return int(meta["next_trial"])
 
 
+def trials_kept(path: str | Path) -> tuple[str, int, int] | None:
+    """What a trial checkpoint holds: (relation, finished trials, trials asked for); None when unreadable."""
+    try:
+        with np.load(path) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+        return meta["key"]["relation"], int(meta["next_trial"]), int(meta["key"]["config"]["n_trials"])
+    except (OSError, ValueError, KeyError, TypeError, EOFError):
+        return None
+
+
 def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False,
              checkpoint: str | Path | None = None) -> tuple[list[dict], LRE | None]:
     """One row per layer of ``rel`` (see the module docstring; the trials' splits, known facts and edit targets are
