@@ -400,10 +400,11 @@ def _published(name: str) -> str:
 def lre_sweep_table(out: Path) -> str:
     """Per swept relation: F (train beta) and C (train rank) at every layer (point values), the layers the
     training facts chose for each with the score there [95%], and F at the fixed beta at the causality-chosen
-    layer (the authors' rule for their published numbers)."""
+    layer (the authors' rule for their published numbers), beside maj: what a constant answer (the most common test
+    object) scores, with its interval."""
     rows = ["| relation | model | n | F (train beta) by layer | C (train rank) by layer | chosen on training facts: "
-            "F layer: F [95%] / C layer: C [95%] | F at the fixed beta, C layer (the authors' rule) |",
-            "|---|---|---|---|---|---|---|"]
+            "F layer: F [95%] / C layer: C [95%] | F at the fixed beta, C layer (the authors' rule) | maj |",
+            "|---|---|---|---|---|---|---|---|"]
     cells = {m: _lre_rows(out, m, "layers") for m in MODELS}
     names = list(dict.fromkeys(n for m in MODELS for n in cells[m]))  # each relation's models side by side
     for n, m in ((n, m) for n in names for m in MODELS if n in cells[m]):
@@ -418,7 +419,8 @@ def lre_sweep_table(out: Path) -> str:
         cap = f", ≤{x['max_causality']} edits/trial" if x.get("max_causality") else ""
         rows.append(f"| {n} | {m} | {x['n_test']}×{x.get('n_trials')}{cap} | {f} | {c} | {x['layer']}: "
                     f"{_ci(x, 'faithfulness_train_beta')} / {x.get('edit_layer')}: {_ci(x, 'causality')} | "
-                    + ("—" if at_c is None else f"{at_c:.2f} (beta {x.get('beta')})") + " |")
+                    + ("—" if at_c is None else f"{at_c:.2f} (beta {x.get('beta')})")
+                    + f" | {_ci(x, 'majority_baseline')} |")
     return "\n".join(rows)
 
 

@@ -318,13 +318,13 @@ def test_the_layer_sweep_table_shows_the_train_chosen_layers_with_intervals_and_
                 {"layer": 9, "faithfulness": 0.7, "faithfulness_train_beta": 0.8, "causality": 0.4}]
     row = {"relation": "r", "beta": 2.25, "n_test": 12, "n_trials": 8, "max_causality": 64, "layer": 9, "edit_layer": 3,
            "faithfulness_train_beta": 0.8, "faithfulness_train_beta_ci": [0.7, 0.9], "causality": 0.2,
-           "causality_ci": [0.1, 0.3], "by_layer": by_layer}
+           "causality_ci": [0.1, 0.3], "majority_baseline": 0.75, "by_layer": by_layer}
     folder = tmp_path / "smollm2-135m" / "lre_layers_factual"
     folder.mkdir(parents=True)
     (folder / "result.json").write_text(json.dumps({"per_relation": [row]}))
     line = F.lre_sweep_table(tmp_path).splitlines()[-1]
     assert line == ("| r | smollm2-135m | 12×8, ≤64 edits/trial | 3: 0.60, 9: 0.80 | 3: 0.20, 9: 0.40 | "
-                    "9: 0.80 [0.70, 0.90] / 3: 0.20 [0.10, 0.30] | 0.50 (beta 2.25) |")
+                    "9: 0.80 [0.70, 0.90] / 3: 0.20 [0.10, 0.30] | 0.50 (beta 2.25) | 0.75 |")
 
 
 def test_the_layer_sweep_table_puts_each_relations_models_side_by_side(tmp_path):
