@@ -321,8 +321,11 @@ WIDTH_REGIMES = ("trainable", "frozen-input", "frozen")
 def width_table(recs: list[dict], grid_max: int) -> str:
     """m* per (N, R, A) for each embedding regime (per seed and median; "> g": never reached within the grid,
     "<= g": at the grid's smallest value in some seed), the frozen / trainable ratio of the medians, and per
-    fixed-embedding regime least-squares lines of the median m* against N R and N R ln A."""
+    fixed-embedding regime least-squares lines of the median m* against N R and N R ln A, each slope with a 95%
+    bootstrap interval over seeds (a seed's thresholds resampled together)."""
     import numpy as np
+
+    from mechfact.stats import bootstrap
 
     cells: dict[tuple, dict[str, list]] = {}
     for t in recs:
@@ -356,19 +359,40 @@ def width_table(recs: list[dict], grid_max: int) -> str:
     for e in regimes:
         if e == "trainable":
             continue
-        pts = [(n * r, n * r * np.log(a), median(c[e])) for (n, a, r), c in cells.items() if median(c.get(e, []))]
-        if len(pts) < 3:
+        reached = [(n, a, r) for (n, a, r), c in cells.items() if median(c.get(e, []))]
+        if len(reached) < 3:
             continue
-        pts = np.array(pts, dtype=float)
-        for j, name in ((0, "N R"), (1, "N R ln A")):
-            x, y = pts[:, j], pts[:, 2]
-            slope, icpt = np.polyfit(x, y, 1)
-            r2 = 1 - np.sum((y - (slope * x + icpt)) ** 2) / np.sum((y - y.mean()) ** 2)
-            fits.append(f"| {e} | m* = a {name} + b | {slope:.3g} | {icpt:.1f} | {r2:.2f} | {len(pts)} |")
+        rows = [t for k in reached for t in cells[k][e]]
+        for name, xof in (("N R", lambda n, a, r: n * r), ("N R ln A", lambda n, a, r: n * r * np.log(a))):
+            slope, icpt, r2 = _median_line(rows, xof)
+            def slope_of(ix, xof=xof):
+                return _median_line([rows[i] for i in ix.astype(int)], xof)[0]
+
+            ci = bootstrap(np.arange(len(rows)), slope_of, clusters=[t["seed"] for t in rows], n_boot=500)
+            band = "" if ci.low is None else f" [{ci.low:.3g}, {ci.high:.3g}]"
+            fits.append(f"| {e} | m* = a {name} + b | {slope:.3g}{band} | {icpt:.1f} | {r2:.2f} | {len(reached)} |")
     if fits:
-        lines += ["", "| regime | fit of the median m* (settings that reached) | slope | intercept | R^2 | points |",
-                  "|---|---|---|---|---|---|", *fits]
+        lines += ["", "| regime | fit of the median m* (settings that reached) | slope [95%, bootstrap over seeds] | "
+                  "intercept | R^2 | points |", "|---|---|---|---|---|---|", *fits]
     return "\n".join(lines)
+
+
+def _median_line(rows: list[dict], xof) -> tuple[float, float, float]:
+    """Least-squares line of the per-setting median threshold of ``rows`` against ``xof(N, A, R)``: (slope,
+    intercept, R^2); NaNs when fewer than two x values."""
+    import numpy as np
+
+    med: dict[tuple, list] = {}
+    for t in rows:
+        med.setdefault((t["subjects"], t["attributes"], t["relations"]), []).append(t["threshold"])
+    x = np.array([xof(*k) for k in med], dtype=float)
+    y = np.array([np.median(v) for v in med.values()], dtype=float)
+    if len(np.unique(x)) < 2:
+        return float("nan"), float("nan"), float("nan")
+    slope, icpt = np.polyfit(x, y, 1)
+    ss = float(np.sum((y - y.mean()) ** 2))
+    r2 = (1 - float(np.sum((y - (slope * x + icpt)) ** 2)) / ss) if ss > 0 else float("nan")
+    return float(slope), float(icpt), r2
 
 
 def dstar_table(summ: dict) -> str:

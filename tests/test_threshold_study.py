@@ -285,3 +285,16 @@ def test_a_stopped_regime_run_resumes_its_training_and_ends_with_the_same_summar
     drop = {"wall_time_s"}
     assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
     assert resumed["steps"] == 150 and not (tmp_path / "cut" / T.CHECKPOINT).exists()
+
+
+def test_the_width_threshold_fit_carries_a_bootstrap_interval_over_seeds():
+    """m* fitted against N R on per-setting medians, its slope's interval from resampling whole seeds: seed 1
+    needs twice seed 0's width everywhere, so the slope is 0.375 (the medians) within [0.25, 0.5] (one seed
+    drawn twice)."""
+    from synthetic.threshold_study import width_table
+
+    recs = [{"subjects": 64, "attributes": 16, "relations": r, "embeddings": "frozen", "seed": s,
+             "threshold": 16 * r * (s + 1)} for r in (2, 4, 8) for s in (0, 1)]
+    fit = next(line for line in width_table(recs, 2048).splitlines() if "m* = a N R + b" in line)
+    assert fit.split("|")[3].strip() == "0.375 [0.25, 0.5]", fit
+    assert "| 64 | 4 | 16 | 256 | 64, 128 (96) |" in width_table(recs, 2048)
