@@ -365,7 +365,8 @@ def width_table(recs: list[dict], grid_max: int) -> str:
         rows = [t for k in reached for t in cells[k][e]]
         for name, xof in (("N R", lambda n, a, r: n * r), ("N R ln A", lambda n, a, r: n * r * np.log(a))):
             slope, icpt, r2 = _median_line(rows, xof)
-            def slope_of(ix, xof=xof):
+
+            def slope_of(ix, xof=xof):  # the line's slope on a resample of whole seeds
                 return _median_line([rows[i] for i in ix.astype(int)], xof)[0]
 
             ci = bootstrap(np.arange(len(rows)), slope_of, clusters=[t["seed"] for t in rows], n_boot=500)
