@@ -541,11 +541,12 @@ def _part_status(out: Path, m: str, name: str) -> str:
         return "not run"
     done = all((f / "meta.json").is_file() for f in folders)
     state = "finished" if done else "partial (stopped or running; rerun --run to resume)"
+    kept = _kept(folders) if name.startswith("lre_") else []  # relations kept part way: (name, done, asked)
     if name.startswith("lre_"):
         rels = [[x["relation"] for x in (_read(f / "result.json") or {}).get("per_relation", [])] for f in folders]
         n, held = sum(map(len, rels)), set().union(*map(set, rels))
         every = set().union(*[_relation_names(f) for mm in MODELS for f in _part_folders(out, mm, name)],
-                            [k[0] for k in _kept(folders)])  # a relation kept part way has not finished
+                            [rel for rel, _, _ in kept])  # a relation kept part way has not finished
         if len(held) >= len(every) and not done:  # a stopped folder whose relations left ran in another
             stopped = sum(not (f / "meta.json").is_file() for f in folders)
             state = (f"finished ({stopped} folder stopped early, what it left ran in another)" if stopped == 1 else
@@ -555,7 +556,8 @@ def _part_status(out: Path, m: str, name: str) -> str:
                      else f"{n} of {len(every)} relations (the rest not run)")
         else:
             state += f", {n} relations"
-    return state + (f", {len(folders)} folders" if len(folders) > 1 else "") + _trials_status(folders)
+    return (state + (f", {len(folders)} folders" if len(folders) > 1 else "")
+            + "".join(f"; {rel} at {k} of {t} trials" for rel, k, t in kept))
 
 
 def _kept(folders: list[Path]) -> list[tuple[str, int, int]]:
@@ -566,11 +568,6 @@ def _kept(folders: list[Path]) -> list[tuple[str, int, int]]:
 
     kept = [trials_kept(f) for folder in folders for f in sorted((folder / TRIALS_DIR).glob("*.npz"))]
     return [k for k in kept if k is not None]
-
-
-def _trials_status(folders: list[Path]) -> str:
-    """'; <relation> at k of T trials' for each relation a stopped folder keeps part way."""
-    return "".join(f"; {rel} at {k} of {t} trials" for rel, k, t in _kept(folders))
 
 
 def runs_status(out: Path) -> str:

@@ -198,6 +198,11 @@ def _save_trials(path: Path, key: dict, next_trial: int, per_layer: dict, majori
         np.savez_compressed(f, **arrays)
 
 
+def _meta(z) -> dict:
+    """The JSON metadata :func:`_save_trials` stores in a checkpoint (its ``meta`` array)."""
+    return json.loads(bytes(z["meta"]).decode())
+
+
 def _load_trials(path: Path, key: dict, per_layer: dict, majority: "_Outcomes", known: set, objects: set,
                  trials_meta: list) -> int:
     """Restores a relation's finished trials from :func:`_save_trials`' file; the first trial still to run (0
@@ -206,7 +211,7 @@ def _load_trials(path: Path, key: dict, per_layer: dict, majority: "_Outcomes", 
         return 0
     try:
         with np.load(path) as z:
-            meta = json.loads(bytes(z["meta"]).decode())
+            meta = _meta(z)
             if meta["key"] != key:
                 logger.warning("%s: written for another relation, config, layers or seed; starting the relation "
                                "over", path)
@@ -232,7 +237,7 @@ def trials_kept(path: str | Path) -> tuple[str, int, int] | None:
     """What a trial checkpoint holds: (relation, finished trials, trials asked for); None when unreadable."""
     try:
         with np.load(path) as z:
-            meta = json.loads(bytes(z["meta"]).decode())
+            meta = _meta(z)
         return meta["key"]["relation"], int(meta["next_trial"]), int(meta["key"]["config"]["n_trials"])
     except (OSError, ValueError, KeyError, TypeError, EOFError):
         return None
