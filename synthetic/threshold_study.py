@@ -325,7 +325,7 @@ def width_table(recs: list[dict], grid_max: int) -> str:
     bootstrap interval over seeds (a seed's thresholds resampled together)."""
     import numpy as np
 
-    from mechfact.stats import bootstrap
+    from mechfact.facts.capacity import slope_interval
 
     cells: dict[tuple, dict[str, list]] = {}
     for t in recs:
@@ -362,14 +362,12 @@ def width_table(recs: list[dict], grid_max: int) -> str:
         reached = [(n, a, r) for (n, a, r), c in cells.items() if median(c.get(e, []))]
         if len(reached) < 3:
             continue
-        rows = [t for k in reached for t in cells[k][e]]
-        for name, xof in (("N R", lambda n, a, r: n * r), ("N R ln A", lambda n, a, r: n * r * np.log(a))):
-            slope, icpt, r2 = _median_line(rows, xof)
-
-            def slope_of(ix, xof=xof):  # the line's slope on a resample of whole seeds
-                return _median_line([rows[i] for i in ix.astype(int)], xof)[0]
-
-            ci = bootstrap(np.arange(len(rows)), slope_of, clusters=[t["seed"] for t in rows], n_boot=500)
+        rows = [{**t, "n_r": t["subjects"] * t["relations"],
+                 "n_r_ln_a": t["subjects"] * t["relations"] * np.log(t["attributes"])}
+                for k in reached for t in cells[k][e]]
+        for name, xname in (("N R", "n_r"), ("N R ln A", "n_r_ln_a")):
+            slope, icpt, r2 = _median_line(rows, xname)
+            ci = slope_interval(rows, xname)  # the slope on resamples of whole seeds
             band = "" if ci.low is None else f" [{ci.low:.3g}, {ci.high:.3g}]"
             fits.append(f"| {e} | m* = a {name} + b | {slope:.3g}{band} | {icpt:.1f} | {r2:.2f} | {len(reached)} |")
     if fits:
@@ -378,16 +376,17 @@ def width_table(recs: list[dict], grid_max: int) -> str:
     return "\n".join(lines)
 
 
-def _median_line(rows: list[dict], xof) -> tuple[float, float, float]:
-    """Least-squares line of the per-setting median threshold of ``rows`` against ``xof(N, A, R)``: (slope,
-    intercept, R^2); NaNs when fewer than two x values."""
+def _median_line(rows: list[dict], xname: str) -> tuple[float, float, float]:
+    """Least-squares line of the per-setting median threshold of ``rows`` against their field ``xname`` (the
+    point values whose slope :func:`~mechfact.facts.capacity.slope_interval` bootstraps): (slope, intercept,
+    R^2); NaNs when fewer than two x values."""
     import numpy as np
 
     med: dict[tuple, list] = {}
     for t in rows:
-        med.setdefault((t["subjects"], t["attributes"], t["relations"]), []).append(t["threshold"])
-    x = np.array([xof(*k) for k in med], dtype=float)
-    y = np.array([np.median(v) for v in med.values()], dtype=float)
+        med.setdefault((t["subjects"], t["attributes"], t["relations"]), []).append((t[xname], t["threshold"]))
+    x = np.array([v[0][0] for v in med.values()], dtype=float)
+    y = np.array([np.median([b for _, b in v]) for v in med.values()], dtype=float)
     if len(np.unique(x)) < 2:
         return float("nan"), float("nan"), float("nan")
     slope, icpt = np.polyfit(x, y, 1)

@@ -163,7 +163,7 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
                 slope, intercept = np.polyfit(x, y, 1)
                 pred = slope * x + intercept
                 ss = float(np.sum((y - y.mean()) ** 2))
-                ci = _slope_interval(mine, xname)
+                ci = slope_interval(mine, xname)
                 fit[xname] = {"slope": float(slope), "intercept": float(intercept),
                               "r2": float(1 - np.sum((y - pred) ** 2) / ss) if ss > 0 else None,
                               "slope_through_origin": float(x @ y / (x @ x)), "n_points": int(len(x)),
@@ -219,7 +219,7 @@ def _key(t: dict) -> tuple[int, int, int]:
     return t["subjects"], t["relations"], t.get("attributes", t["subjects"])
 
 
-def _slope_interval(thresholds: list[dict], xname: str):
+def slope_interval(thresholds: list[dict], xname: str):
     """Bootstrap over seeds of the least-squares slope of the per-setting median thresholds against ``xname``."""
     from ..stats import bootstrap
 
