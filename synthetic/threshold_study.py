@@ -771,7 +771,10 @@ def _estimate(src: Path) -> str:
         if alone:
             cost += ("; " if cost else "") + f"of its settings, {' and '.join(alone)}"
         if (src / "capacity" / p / "result.json").is_file():
-            got = len(read_json(src / "capacity" / p / "result.json")["thresholds"])
+            got = read_json(src / "capacity" / p / "result.json")["thresholds"]
+            if _covered(p, got, [q for q in done if re.fullmatch(rf"{re.escape(p)}_A\d+", q)]):
+                continue  # what it lacks ran to the end in its finished _A parts
+            got = len(got)
             lines.append(f"- `{p}`: unfinished, {got} thresholds so far (in the tables above){'; ' + cost if cost else ''}; "
                          f"it continues from the shipped runs with {cmd[:-1]} --resume-from docs/runs/pool/capacity`.")
         elif cost:
@@ -779,6 +782,27 @@ def _estimate(src: Path) -> str:
         else:
             lines.append(f"- `{p}`: {cmd} (or `--device cuda`).")
     return "\n".join(lines) if lines else "Every pool part has run."
+
+
+def _covered(part: str, thresholds: list[dict], finished: list[str]) -> bool:
+    """Whether every (R, A, seed) setting of ``part``'s command has a threshold, in ``thresholds`` (the part's own)
+    or in one of the ``finished`` parts that run one of its pools alone (``pool_N4096_A64``: every setting of
+    A = 64, since that part has finished)."""
+    from synthetic.facts_study import PARTS
+
+    argv = PARTS[part]
+
+    def values(flag: str, default: str) -> list[str]:
+        if flag not in argv:
+            return [default]
+        i = argv.index(flag) + 1
+        return argv[i:next((k for k in range(i, len(argv)) if argv[k].startswith("--")), len(argv))]
+
+    alone = {int(q.rsplit("_A", 1)[1]) for q in finished}
+    have = {(t["relations"], t["attributes"], t.get("embeddings", "trainable"), t["seed"]) for t in thresholds}
+    return all((int(r), int(a), e, s) in have or int(a) in alone for r in values("--relations", "")
+               for a in values("--attributes", "") for e in values("--embeddings", "trainable")
+               for s in range(int(values("--seeds", "1")[0])))
 
 
 GEOMETRIC = 0.9  # held-out R^2 and zero-shot accuracy of the geometric mechanism (results_probes.md, section 4)

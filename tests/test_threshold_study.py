@@ -298,3 +298,29 @@ def test_the_width_threshold_fit_carries_a_bootstrap_interval_over_seeds():
     fit = next(line for line in width_table(recs, 2048).splitlines() if "m* = a N R + b" in line)
     assert fit.split("|")[3].strip() == "0.375 [0.25, 0.5]", fit
     assert "| 64 | 4 | 16 | 256 | 64, 128 (96) |" in width_table(recs, 2048)
+
+
+def test_a_part_whose_missing_pools_finished_in_their_own_parts_is_not_listed_as_unfinished(tmp_path):
+    """pool_N4096 holds its A = 16 settings and part of A = 64; A = 64 and A = 256 ran alone (pool_N4096_A64,
+    pool_N4096_A256): once both have finished, nothing of pool_N4096 is left to run; while one is unfinished, or
+    while pool_N4096 lacks one of its own A = 16 settings, it is listed with its count."""
+    cap = tmp_path / "capacity"
+
+    def part(name, recs, finished):
+        (cap / name).mkdir(parents=True, exist_ok=True)
+        (cap / name / "result.json").write_text(json.dumps({"thresholds": recs}))
+        if finished:
+            (cap / name / "meta.json").write_text(json.dumps({"wall_time_s": 60.0}))
+
+    def recs(a, rs=(2, 4, 8, 16), seeds=(0, 1)):
+        return [{"subjects": 4096, "relations": r, "attributes": a, "embeddings": "trainable", "seed": s,
+                 "threshold": 8} for r in rs for s in seeds]
+
+    part("pool_N4096", recs(16) + recs(64, rs=(2, 4)), False)
+    part("pool_N4096_A64", recs(64), True)
+    part("pool_N4096_A256", recs(256, rs=(2, 4)), False)
+    assert "- `pool_N4096`: unfinished, 12 thresholds so far" in T._estimate(tmp_path)
+    part("pool_N4096_A256", recs(256), True)
+    assert "`pool_N4096`" not in T._estimate(tmp_path)
+    part("pool_N4096", recs(16, seeds=(0,)) + recs(64, rs=(2, 4)), False)  # an A = 16 setting of its own missing
+    assert "- `pool_N4096`: unfinished, 8 thresholds so far" in T._estimate(tmp_path)
