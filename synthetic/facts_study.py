@@ -20,6 +20,7 @@ GRID = "3 4 5 6 7 8 10 12 14 16 20 24 28 32 40 48 64".split()
 POOL_GRID = ["1", "2", *GRID]  # a pool of A attributes holds R log A bits per subject: thresholds can sit below 3
 WIDTH_GRID = [str(2**i) for i in range(1, 12)]  # 2 .. 2048
 COS = ["--lr", "3e-2", "--schedule", "warmup-cosine", "--patience", "0"]
+MINIBATCH = ["--batch-size", "256", "--lr", "3e-3", "--schedule", "constant", "--eval-every", "100"]  # multihop_N1024_b256
 CONST = ["--lr", "1e-2", "--patience", "0"]
 
 PARTS: dict[str, list[str]] = {
@@ -98,6 +99,16 @@ PARTS: dict[str, list[str]] = {
     **{f"multihop_N{N}_d{d}": ["multihop", "--subjects", str(N), "--relations", "4", "--hops", "1", "2", "3", "4",
                                "--d", str(d), "--mlp-width", "64"]
        for N, ds in ((64, (8, 16, 32, 64)), (1024, (16, 32, 64, 128))) for d in ds},
+    # the same at N = 1024 with minibatches: full-batch training (Adam 3e-2, warm-up and cosine) leaves the
+    # chain-of-thought model on the loss plateau ln R (the right R candidates, not which relation) at every
+    # width; batches of 256 at a constant 3e-3 leave it from d = 64 (and make a step 64x cheaper than a full batch
+    # at k = 2)
+    **{f"multihop_N1024_b256_d{d}": ["multihop", "--subjects", "1024", "--relations", "4", "--hops", "1", "2", "3",
+                                     "4", "--d", str(d), "--mlp-width", "64", *MINIBATCH, "--steps", "6000"]
+       for d in (16, 32, 64, 128)},
+    # k = 4 chain of thought at d = 64 with a longer budget (262,144 chains: 6000 steps of 256 are 6 epochs)
+    "multihop_N1024_b256_d64_k4": ["multihop", "--subjects", "1024", "--relations", "4", "--hops", "4", "--d", "64",
+                                   "--mlp-width", "64", *MINIBATCH, "--steps", "20000"],
 }
 
 
@@ -148,9 +159,11 @@ def construction_d(n: int, r: int, k: int) -> int:
 
 
 def multihop_table(out: Path) -> str:
-    """Exact-chain accuracy of the multihop_N* parts under ``out``: one row per (N, d), direct / CoT per k, and
-    the construction's d for a direct lookup at each k (CoT's: the k = 1 value), cached in
-    ``out/construction_d.json``."""
+    """Exact-chain accuracy of the multihop_N* parts under ``out``: one row per (N, batch, steps, d) (the part's
+    queries per step, ``full`` for a full batch, and step budget), direct / CoT per k, and the construction's d for a
+    direct lookup at each k (CoT's: the k = 1 value), cached in ``out/construction_d.json``."""
+    from mechfact.facts.multihop import MultihopConfig
+
     rows = []
     for name in PARTS:
         f = out / name / "result.json"
@@ -158,17 +171,20 @@ def multihop_table(out: Path) -> str:
             continue
         argv = PARTS[name]
         n, r, d = (int(argv[argv.index(flag) + 1]) for flag in ("--subjects", "--relations", "--d"))
+        batch = int(argv[argv.index("--batch-size") + 1]) if "--batch-size" in argv else 0  # 0: full batch
+        steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else MultihopConfig().train.steps
         pts = {(p["hops"], p["mode"]): p["accuracy"] for p in json.loads(f.read_text())["points"]}
-        rows.append((n, r, d, pts))
+        rows.append((n, r, batch, steps, d, pts))
     if not rows:
         return "(no multihop_N* parts)"
     ks = sorted({k for *_, pts in rows for k, _ in pts})
-    head = ["N", "R", "d"] + [f"k = {k} {m}" for k in ks for m in (("direct",) if k == 1 else ("direct", "CoT"))]
+    head = ["N", "R", "batch", "steps", "d"] + [f"k = {k} {m}" for k in ks
+                                                for m in (("direct",) if k == 1 else ("direct", "CoT"))]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n, r, d, pts in sorted(rows):
+    for n, r, batch, steps, d, pts in sorted(rows):
         cells = [f"{pts[(k, m)]:.3f}" if (k, m) in pts else "—" for k in ks
                  for m in (("direct",) if k == 1 else ("direct", "cot"))]
-        lines.append(f"| {n} | {r} | {d} | " + " | ".join(cells) + " |")
+        lines.append(f"| {n} | {r} | {batch or 'full'} | {steps} | {d} | " + " | ".join(cells) + " |")
     from mechfact.runs import read_json, write_json_atomic
 
     cache = out / "construction_d.json"  # the constructions are deterministic; k = 4 at N = 64 takes ~2 min

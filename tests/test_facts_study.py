@@ -24,8 +24,8 @@ def test_every_part_parses_into_a_valid_config(name, tmp_path):
 
 
 def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
-    """One row per (N, d) with direct / CoT per k; missing points are dashes; the construction's d comes from
-    the cache (computed once), and a part's JSON survives the export the docs table is rebuilt from."""
+    """One row per (N, batch, steps, d) with direct / CoT per k; missing points are dashes; the construction's d
+    comes from the cache (computed once), and a part's JSON survives the export the docs table is rebuilt from."""
     import json
 
     from synthetic import facts_study as F
@@ -34,12 +34,16 @@ def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
            {"hops": 2, "mode": "cot", "accuracy": 0.999}]
     (tmp_path / "multihop_N64_d8").mkdir()
     (tmp_path / "multihop_N64_d8" / "result.json").write_text(json.dumps({"points": pts}))
-    (tmp_path / "construction_d.json").write_text(json.dumps({"64,4,1": 64, "64,4,2": 256}))
+    (tmp_path / "construction_d.json").write_text(json.dumps({"64,4,1": 64, "64,4,2": 256, "1024,4,1": 112,
+                                                                        "1024,4,2": 448}))
+    (tmp_path / "multihop_N1024_b256_d16").mkdir()  # a minibatch part: its own row, its batch named
+    (tmp_path / "multihop_N1024_b256_d16" / "result.json").write_text(json.dumps({"points": pts[:1]}))
     text = F.multihop_table(tmp_path)
-    assert "| N | R | d | k = 1 direct | k = 2 direct | k = 2 CoT |" in text
-    assert "| 64 | 4 | 8 | 1.000 | 0.500 | 0.999 |" in text
+    assert "| N | R | batch | steps | d | k = 1 direct | k = 2 direct | k = 2 CoT |" in text
+    assert "| 64 | 4 | full | 3000 | 8 | 1.000 | 0.500 | 0.999 |" in text
+    assert "| 1024 | 4 | 256 | 6000 | 16 | 1.000 | — | — |" in text
     assert "at N = 64, R = 4 (k = 1: 64, k = 2: 256)" in text
-    assert F.export_multihop(tmp_path, tmp_path / "e") == 2
+    assert F.export_multihop(tmp_path, tmp_path / "e") == 3
     assert F.multihop_table(tmp_path / "e") == text
 
 
