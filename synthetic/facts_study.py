@@ -100,9 +100,9 @@ PARTS: dict[str, list[str]] = {
                                "--d", str(d), "--mlp-width", "64"]
        for N, ds in ((64, (8, 16, 32, 64)), (1024, (16, 32, 64, 128))) for d in ds},
     # the same at N = 1024 with minibatches: full-batch training (Adam 3e-2, warm-up and cosine) leaves the
-    # chain-of-thought model on the loss plateau ln R (the right R candidates, not which relation) at every
-    # width; batches of 256 at a constant 3e-3 leave it from d = 64 (and make a step 64x cheaper than a full batch
-    # at k = 2)
+    # chain-of-thought model on a loss plateau at ln R (its answer spread evenly over R candidates) at every
+    # width; batches of 256 at a constant 3e-3 leave it from d = 64 (a step sees 64x fewer chains than a full
+    # batch at k = 2)
     **{f"multihop_N1024_b256_d{d}": ["multihop", "--subjects", "1024", "--relations", "4", "--hops", "1", "2", "3",
                                      "4", "--d", str(d), "--mlp-width", "64", *MINIBATCH, "--steps", "6000"]
        for d in (16, 32, 64, 128)},
