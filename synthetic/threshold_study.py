@@ -788,21 +788,14 @@ def _covered(part: str, thresholds: list[dict], finished: list[str]) -> bool:
     """Whether every (R, A, seed) setting of ``part``'s command has a threshold, in ``thresholds`` (the part's own)
     or in one of the ``finished`` parts that run one of its pools alone (``pool_N4096_A64``: every setting of
     A = 64, since that part has finished)."""
+    from mechfact.cli import build_parser
     from synthetic.facts_study import PARTS
 
-    argv = PARTS[part]
-
-    def values(flag: str, default: str) -> list[str]:
-        if flag not in argv:
-            return [default]
-        i = argv.index(flag) + 1
-        return argv[i:next((k for k in range(i, len(argv)) if argv[k].startswith("--")), len(argv))]
-
+    cmd = build_parser().parse_args(["facts", *PARTS[part], "--out", part])  # the part's command, its defaults too
     alone = {int(q.rsplit("_A", 1)[1]) for q in finished}
     have = {(t["relations"], t["attributes"], t.get("embeddings", "trainable"), t["seed"]) for t in thresholds}
-    return all((int(r), int(a), e, s) in have or int(a) in alone for r in values("--relations", "")
-               for a in values("--attributes", "") for e in values("--embeddings", "trainable")
-               for s in range(int(values("--seeds", "1")[0])))
+    return all((r, a, e, s) in have or a in alone for r in cmd.relations for a in cmd.attributes
+               for e in cmd.embeddings for s in range(cmd.seeds))
 
 
 GEOMETRIC = 0.9  # held-out R^2 and zero-shot accuracy of the geometric mechanism (results_probes.md, section 4)
