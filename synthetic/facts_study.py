@@ -92,6 +92,16 @@ PARTS: dict[str, list[str]] = {
                             "64", "256", "--outputs", "attributes", "--embeddings", "trainable", "frozen-input",
                             "frozen", "--search", "mlp-width", "--d", "16", "--grid", *WIDTH_GRID, "--steps", "2000",
                             *COS, "--seeds", "2"] for N in (256,)},
+    # the same at N = 1024 and 4096 (grids to 2^13 and 2^15: m* grows with N R), split by R so that a part fits
+    # one run here: R = 2 and R = 4 at N = 1024 do; the rest is for a cluster or a GPU (the pool page estimates
+    # their cost from the finished width parts)
+    **{name: [
+        "capacity", "--subjects", str(N), "--relations", *rs, "--attributes", "16", "64", "256", "--outputs",
+        "attributes", "--embeddings", "trainable", "frozen-input", "frozen", "--search", "mlp-width", "--d", "16",
+        "--grid", *(str(2**i) for i in range(1, top + 1)), "--steps", "2000", *COS, "--seeds", "2"]
+       for name, N, top, rs in (("pool_N1024_R2_width", 1024, 13, ["2"]), ("pool_N1024_R4_width", 1024, 13, ["4"]),
+                                ("pool_N1024_R8-16_width", 1024, 13, ["8", "16"]),
+                                ("pool_N4096_width", 4096, 15, ["2", "4", "8", "16"]))},
     # multi-hop, direct vs chain of thought (defaults: N=32, R=4, d=16, width 32, learned attention)
     **{f"multihop_seed{s}": ["multihop", "--seed", str(s)] for s in range(3)},
     # multi-hop as d grows, k = 1..4, R = 4: N = 64 here (N R^4 = 16,384 direct chains), N = 1024 (262,144) for a
@@ -197,9 +207,15 @@ def multihop_table(out: Path) -> str:
             if n * r**k <= CONSTRUCTION_MAX_CHAINS and f"{n},{r},{k}" not in known:
                 known[f"{n},{r},{k}"] = construction_d(n, r, k)
                 write_json_atomic(cache, known)
-        cons = ", ".join(f"k = {k}: {known[f'{n},{r},{k}']}" for k in ks if f"{n},{r},{k}" in known)
-        lines.append(f"\nConstruction's d for a direct lookup at N = {n}, R = {r} ({cons}); chain of thought "
-                     "needs the k = 1 value at every k.")
+        cons = [f"k = {k}: {known[f'{n},{r},{k}']}" for k in ks if f"{n},{r},{k}" in known]
+        # a k not evaluated: the scan starts at the single-hop block size, so its d is at least R^k (b1 + 1)
+        big = [k for k in ks if f"{n},{r},{k}" not in known and f"{n},{r},1" in known]
+        cons += [f"k = {k}: at least {r**k * known[f'{n},{r},1'] // r}" for k in big]
+        lines.append(f"\nConstruction's d for a direct lookup at N = {n}, R = {r} ({', '.join(cons)}); chain of "
+                     "thought needs the k = 1 value at every k."
+                     + (f" The 'at least' values were not evaluated ({', '.join(f'{n * r**k:,}' for k in big)} "
+                        f"chains, over {CONSTRUCTION_MAX_CHAINS:,}): the block-size scan starts at the single-hop "
+                        "block size, so R^k (that size + 1) bounds the width from below." if big else ""))
     return "\n".join(lines)
 
 

@@ -304,14 +304,14 @@ def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[l
 
 
 def _pool_parts(src: Path, suffix: str = ""):
-    """(name, threshold records) of each pool capacity part ``pool_N<N>[_A<A>]<suffix>`` under ``src/capacity``,
-    by name."""
+    """(name, threshold records) of each pool capacity part ``pool_N<N>[_A<A>][_R<R>[-<R>...]]<suffix>`` under
+    ``src/capacity``, by name."""
     import re
 
     from mechfact.runs import read_json
 
     for f in sorted((src / "capacity").glob("pool_N*/result.json")):
-        if re.fullmatch(r"pool_N\d+(_A(\d+|N))?" + re.escape(suffix), f.parent.name):
+        if re.fullmatch(r"pool_N\d+(_A(\d+|N))?(_R\d+(-\d+)*)?" + re.escape(suffix), f.parent.name):
             yield f.parent.name, read_json(f)["thresholds"]
 
 
@@ -757,7 +757,9 @@ def _estimate(src: Path) -> str:
             continue
         same = [q for q in done if kind(q)[0] == kind(p)[0]]
         cost = ""
-        if same:
+        if p.endswith("_width"):
+            cost = _width_cost(p, src, [q for q in done if q.endswith("_width")])
+        elif same:
             base = max(same, key=lambda q: kind(q)[1])
             n0, n1 = kind(base)[1], kind(p)[1]
             s0, s1 = (int(PARTS[q][PARTS[q].index("--seeds") + 1]) for q in (base, p))
@@ -782,6 +784,61 @@ def _estimate(src: Path) -> str:
         else:
             lines.append(f"- `{p}`: {cmd} (or `--device cuda`).")
     return "\n".join(lines) if lines else "Every pool part has run."
+
+
+def _width_cost(part: str, src: Path, finished: list[str]) -> str:
+    """An m* part's CPU hours on one thread: each setting's bisection over the part's grid, run to a predicted m*
+    (the finished width parts' median m* of the same R, A and embeddings at their largest N, scaled by N, as m*
+    grows with N R; above the grid when that one never reached), every evaluation at its full budget and at the
+    cost per fact, MLP unit and step measured over the finished parts' evaluations (their wall time over the sum
+    of N R m steps). "" without a finished width part."""
+    import re
+
+    from mechfact.cli import build_parser
+    from mechfact.runs import read_json
+    from synthetic.facts_study import PARTS
+
+    if not finished:
+        return ""
+    work = wall = 0.0
+    best: dict[tuple, tuple[int, list]] = {}  # (R, A, embeddings) -> (N, thresholds) at the largest finished N
+    for q in finished:
+        wall += read_json(src / "capacity" / q / "meta.json")["wall_time_s"]
+        res = read_json(src / "capacity" / q / "result.json")
+        for key, ev in res.get("evaluations", {}).items():
+            f = dict(re.findall(r"(\w+)=(\S+)", key))
+            work += int(f["N"]) * int(f["R"]) * int(f["m"]) * ev["steps"]
+        for t in res["thresholds"]:
+            k = (t["relations"], t["attributes"], t["embeddings"])
+            if best.get(k, (0,))[0] < t["subjects"]:
+                best[k] = (t["subjects"], [])
+            if best[k][0] == t["subjects"]:
+                best[k][1].append(t["threshold"])
+    if not work:
+        return ""
+    rate = wall / work  # seconds per fact, MLP unit and step
+    cmd = build_parser().parse_args(["facts", *PARTS[part], "--out", part])
+    grid = sorted(set(cmd.grid))
+    seconds, guessed = 0.0, 0
+    for n in cmd.subjects:
+        for r in cmd.relations:
+            for a in cmd.attributes:
+                for e in cmd.embeddings:
+                    if (r, a, e) in best:
+                        n0, ts = best[(r, a, e)]
+                        m = math.inf if None in ts else statistics.median(ts) * n / n0
+                    else:
+                        m, guessed = grid[-1], guessed + 1
+                    lo, hi = -1, len(grid)
+                    while hi - lo > 1:  # the search's own bisection (mechfact.facts.capacity.capacity_search)
+                        mid = (lo + hi) // 2
+                        seconds += rate * n * r * grid[mid] * cmd.steps * cmd.seeds
+                        lo, hi = (lo, mid) if grid[mid] >= m else (mid, hi)
+    hours = seconds / 3600
+    return (f"about {f'{hours:.2g}' if hours < 10 else f'{hours:.0f}'} CPU hours on one thread in all (each setting's bisection to the m* of "
+            f"{', '.join(finished)} at the same R and A scaled by N, every evaluation at its full budget at "
+            f"{rate * 1e9:.2f} s per 10^9 facts x MLP units x steps, measured over those parts"
+            + (f"; {guessed} settings with no measured m*, at the grid's top" if guessed else "") + ")")
 
 
 def _covered(part: str, thresholds: list[dict], finished: list[str]) -> bool:

@@ -47,6 +47,22 @@ def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
     assert F.multihop_table(tmp_path / "e") == text
 
 
+def test_a_construction_too_big_to_evaluate_is_bounded_by_the_single_hop_block_size(tmp_path, monkeypatch):
+    """Above CONSTRUCTION_MAX_CHAINS the table evaluates nothing and gives R^k (b1 + 1) as a lower bound, b1 + 1 the
+    single-hop width over R (the block-size scan for R^k relations starts at b1); a cached value is used as is."""
+    from synthetic import facts_study as F
+
+    monkeypatch.setattr(F, "CONSTRUCTION_MAX_CHAINS", 4096)
+    monkeypatch.setattr(F, "construction_d", lambda *a: pytest.fail(f"evaluated a construction {a}"))
+    pts = [{"hops": k, "mode": "direct", "accuracy": 0.5} for k in (1, 2, 3)]
+    (tmp_path / "multihop_N1024_d16").mkdir()
+    (tmp_path / "multihop_N1024_d16" / "result.json").write_text(json.dumps({"points": pts}))
+    (tmp_path / "construction_d.json").write_text(json.dumps({"1024,4,1": 112, "1024,4,2": 448}))
+    text = F.multihop_table(tmp_path)
+    assert "(k = 1: 112, k = 2: 448, k = 3: at least 1792)" in text  # 4^3 x 112 / 4
+    assert "65,536 chains, over 4,096" in text
+
+
 def test_the_multihop_table_in_results_facts_is_what_its_command_prints():
     from pathlib import Path
 

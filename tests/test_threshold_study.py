@@ -324,3 +324,27 @@ def test_a_part_whose_missing_pools_finished_in_their_own_parts_is_not_listed_as
     assert "`pool_N4096`" not in T._estimate(tmp_path)
     part("pool_N4096", recs(16, seeds=(0,)) + recs(64, rs=(2, 4)), False)  # an A = 16 setting of its own missing
     assert "- `pool_N4096`: unfinished, 8 thresholds so far" in T._estimate(tmp_path)
+
+
+def test_an_unrun_width_part_is_costed_by_its_bisection_at_the_measured_rate(tmp_path, monkeypatch):
+    """A width part not run: each setting's bisection over its grid to the finished part's median m* (same R, A,
+    embeddings) scaled by N, every evaluation at the full budget and at the measured seconds per fact x unit x
+    step. Finished: 100 s over one evaluation of 16 x 2 facts x 8 units x 1000 steps; m* 8 at N = 16 -> 32 at
+    N = 64; the bisection of 2 .. 64 visits 8, 32, 16: 100 / 256,000 x 64 x 2 x 56 x 100 steps x 2 seeds = 560 s."""
+    from synthetic import facts_study as F
+
+    cap = tmp_path / "capacity" / "pool_N16_width"
+    cap.mkdir(parents=True)
+    (cap / "meta.json").write_text(json.dumps({"wall_time_s": 100.0}))
+    (cap / "result.json").write_text(json.dumps({
+        "evaluations": {"N=16 R=2 A=4 emb=frozen d=16 m=8 seed=0": {"accuracy": 1.0, "steps": 1000}},
+        "thresholds": [{"subjects": 16, "relations": 2, "attributes": 4, "embeddings": "frozen", "seed": s,
+                        "threshold": 8} for s in (0, 1)]}))
+    monkeypatch.setattr(F, "PARTS", {
+        "pool_N16_width": [], "pool_N64_width": [
+            "capacity", "--subjects", "64", "--relations", "2", "--attributes", "4", "--outputs", "attributes",
+            "--embeddings", "frozen", "--search", "mlp-width", "--grid", "2", "4", "8", "16", "32", "64", "--steps",
+            "100", "--seeds", "2"]})
+    text = T._estimate(tmp_path)
+    assert "- `pool_N64_width`: about 0.16 CPU hours" in text
+    assert "`pool_N16_width`" not in text
