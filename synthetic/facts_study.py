@@ -113,9 +113,10 @@ PARTS: dict[str, list[str]] = {
     # chain-of-thought model on a loss plateau at ln R (its answer spread evenly over R candidates) at every
     # width; batches of 256 at a constant 3e-3 leave it from d = 64 (a step sees 64x fewer chains than a full
     # batch at k = 2)
-    **{f"multihop_N1024_b256_d{d}": ["multihop", "--subjects", "1024", "--relations", "4", "--hops", "1", "2", "3",
-                                     "4", "--d", str(d), "--mlp-width", "64", *MINIBATCH, "--steps", "6000"]
-       for d in (16, 32, 64, 128)},
+    **{f"multihop_N1024_b256_d{d}{f'_seed{s}' if s else ''}": [
+        "multihop", "--subjects", "1024", "--relations", "4", "--hops", "1", "2", "3", "4", "--d", str(d),
+        "--mlp-width", "64", *MINIBATCH, "--steps", "6000", *(["--seed", str(s)] if s else [])]
+       for d, s in ((16, 0), (32, 0), (64, 0), (128, 0), (64, 1), (128, 1))},  # a second seed where CoT trains
     # k = 4 chain of thought at d = 64 with a longer budget (262,144 chains: 6000 steps of 256 are 6 epochs)
     "multihop_N1024_b256_d64_k4": ["multihop", "--subjects", "1024", "--relations", "4", "--hops", "4", "--d", "64",
                                    "--mlp-width", "64", *MINIBATCH, "--steps", "20000"],
@@ -172,32 +173,29 @@ def construction_d(n: int, r: int, k: int) -> int:
 
 
 def multihop_table(out: Path) -> str:
-    """Exact-chain accuracy of the multihop_N* parts under ``out``: one row per (N, batch, steps, d) (the part's
-    queries per step, ``full`` for a full batch, and step budget), direct / CoT per k, and the construction's d for a
-    direct lookup at each k (CoT's: the k = 1 value), cached in ``out/construction_d.json``."""
-    from mechfact.facts.multihop import MultihopConfig
+    """Exact-chain accuracy of the multihop_N* parts under ``out``: one row per (N, batch, steps, d, seed) (the
+    part's queries per step, ``full`` for a full batch, and step budget), direct / CoT per k, and the construction's
+    d for a direct lookup at each k (CoT's: the k = 1 value), cached in ``out/construction_d.json``."""
+    from mechfact.cli import build_parser
 
     rows = []
     for name in PARTS:
         f = out / name / "result.json"
         if not (name.startswith("multihop_N") and f.is_file()):
             continue
-        argv = PARTS[name]
-        n, r, d = (int(argv[argv.index(flag) + 1]) for flag in ("--subjects", "--relations", "--d"))
-        batch = int(argv[argv.index("--batch-size") + 1]) if "--batch-size" in argv else 0  # 0: full batch
-        steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else MultihopConfig().train.steps
+        a = build_parser().parse_args(["facts", *PARTS[name], "--out", name])  # the part's command, its defaults too
         pts = {(p["hops"], p["mode"]): p["accuracy"] for p in json.loads(f.read_text())["points"]}
-        rows.append((n, r, batch, steps, d, pts))
+        rows.append((a.subjects, a.relations, a.batch_size, a.steps, a.d, a.seed, pts))  # batch 0: full batch
     if not rows:
         return "(no multihop_N* parts)"
     ks = sorted({k for *_, pts in rows for k, _ in pts})
-    head = ["N", "R", "batch", "steps", "d"] + [f"k = {k} {m}" for k in ks
-                                                for m in (("direct",) if k == 1 else ("direct", "CoT"))]
+    head = ["N", "R", "batch", "steps", "d", "seed"] + [f"k = {k} {m}" for k in ks
+                                                        for m in (("direct",) if k == 1 else ("direct", "CoT"))]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n, r, batch, steps, d, pts in sorted(rows):
+    for n, r, batch, steps, d, seed, pts in sorted(rows, key=lambda row: row[:6]):
         cells = [f"{pts[(k, m)]:.3f}" if (k, m) in pts else "—" for k in ks
                  for m in (("direct",) if k == 1 else ("direct", "cot"))]
-        lines.append(f"| {n} | {r} | {batch or 'full'} | {steps} | {d} | " + " | ".join(cells) + " |")
+        lines.append(f"| {n} | {r} | {batch or 'full'} | {steps} | {d} | {seed} | " + " | ".join(cells) + " |")
     from mechfact.runs import read_json, write_json_atomic
 
     cache = out / "construction_d.json"  # the constructions are deterministic; k = 4 at N = 64 takes ~2 min

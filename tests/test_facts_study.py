@@ -39,11 +39,15 @@ def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
     (tmp_path / "multihop_N1024_b256_d16").mkdir()  # a minibatch part: its own row, its batch named
     (tmp_path / "multihop_N1024_b256_d16" / "result.json").write_text(json.dumps({"points": pts[:1]}))
     text = F.multihop_table(tmp_path)
-    assert "| N | R | batch | steps | d | k = 1 direct | k = 2 direct | k = 2 CoT |" in text
-    assert "| 64 | 4 | full | 3000 | 8 | 1.000 | 0.500 | 0.999 |" in text
-    assert "| 1024 | 4 | 256 | 6000 | 16 | 1.000 | — | — |" in text
+    assert "| N | R | batch | steps | d | seed | k = 1 direct | k = 2 direct | k = 2 CoT |" in text
+    assert "| 64 | 4 | full | 3000 | 8 | 0 | 1.000 | 0.500 | 0.999 |" in text
+    assert "| 1024 | 4 | 256 | 6000 | 16 | 0 | 1.000 | — | — |" in text
+    (tmp_path / "multihop_N1024_b256_d64_seed1").mkdir()  # a second seed: a row of its own
+    (tmp_path / "multihop_N1024_b256_d64_seed1" / "result.json").write_text(json.dumps({"points": pts[1:]}))
+    text = F.multihop_table(tmp_path)
+    assert "| 1024 | 4 | 256 | 6000 | 64 | 1 | — | 0.500 | 0.999 |" in text
     assert "at N = 64, R = 4 (k = 1: 64, k = 2: 256)" in text
-    assert F.export_multihop(tmp_path, tmp_path / "e") == 3
+    assert F.export_multihop(tmp_path, tmp_path / "e") == 4
     assert F.multihop_table(tmp_path / "e") == text
 
 
