@@ -87,18 +87,21 @@ PARTS: dict[str, list[str]] = {
        for N, grid in ((256, "8 10 12".split()), (1024, "12 14 16 20".split()))},
     # the same worlds with fixed entity embeddings: the MLP width m* at d = 16. trainable: the embeddings can store
     # the facts; frozen-input: the subjects' input embeddings fixed, the A-way unembedding and the MLP learn (with
-    # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed
+    # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed. Every width in
+    # ascending order until one reaches: at Adam 3e-2 a wider MLP can spike and fail where a narrower one reaches
+    # (N = 1024, R = 4, A = 16, frozen-input, seed 0: 256 reaches, 1024 does not), which a bisection reads as m* > 1024
     **{f"pool_N{N}_width": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16",
                             "64", "256", "--outputs", "attributes", "--embeddings", "trainable", "frozen-input",
-                            "frozen", "--search", "mlp-width", "--d", "16", "--grid", *WIDTH_GRID, "--steps", "2000",
-                            *COS, "--seeds", "2"] for N in (256,)},
+                            "frozen", "--search", "mlp-width", "--scan", "ascending", "--d", "16", "--grid", *WIDTH_GRID,
+                            "--steps", "2000", *COS, "--seeds", "2"] for N in (256,)},
     # the same at N = 1024 and 4096 (grids to 2^13 and 2^15: m* grows with N R), split by R so that a part fits
     # one run here: R = 2 and R = 4 at N = 1024 do; the rest is for a cluster or a GPU (the pool page estimates
     # their cost from the finished width parts)
     **{name: [
         "capacity", "--subjects", str(N), "--relations", *rs, "--attributes", "16", "64", "256", "--outputs",
-        "attributes", "--embeddings", "trainable", "frozen-input", "frozen", "--search", "mlp-width", "--d", "16",
-        "--grid", *(str(2**i) for i in range(1, top + 1)), "--steps", "2000", *COS, "--seeds", "2"]
+        "attributes", "--embeddings", "trainable", "frozen-input", "frozen", "--search", "mlp-width", "--scan",
+        "ascending", "--d", "16", "--grid", *(str(2**i) for i in range(1, top + 1)), "--steps", "2000", *COS,
+        "--seeds", "2"]
        for name, N, top, rs in (("pool_N1024_R2_width", 1024, 13, ["2"]), ("pool_N1024_R4_width", 1024, 13, ["4"]),
                                 ("pool_N1024_R8-16_width", 1024, 13, ["8", "16"]),
                                 ("pool_N4096_width", 4096, 15, ["2", "4", "8", "16"]))},

@@ -590,7 +590,10 @@ def _width_section(src: Path) -> list[str]:
     return [
         "### Fixed entity embeddings: the MLP width m*", "",
         f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the smallest MLP width "
-        f"reaching 99% at d = {', '.join(map(str, ds))} (grid up to {grid_max}; same training as above) with "
+        f"reaching 99% at d = {', '.join(map(str, ds))} (grid up to {grid_max}; same training as above; "
+        + ("each width in ascending order until one reaches, as at Adam 3e-2 a wider MLP can spike and fail where "
+           "a narrower one reaches, which a bisection reads as a threshold above it"
+           if {c.get("scan", "bisect") for c in cfgs} == {"ascending"} else "bisection") + ") with "
         "trainable entity embeddings, with the subjects' input embeddings fixed at their random initialisation "
         "(`frozen-input`: the A-way unembedding still learns, but with A outputs it has no per-subject column "
         "to store a fact in), and with both fixed (`frozen`). Per seed, median in brackets.", "",

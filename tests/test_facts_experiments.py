@@ -1,5 +1,6 @@
 """`mechfact facts ...`: run directories, determinism, resume, constructions, capacity, multi-hop, bad input."""
 
+import json
 import math
 
 import pytest
@@ -105,6 +106,38 @@ def test_capacity_thresholds_and_unreached_settings(tmp_path):
     res2 = ex.run_facts_capacity(cfg2, tmp_path / "cap2", device=CPU)
     assert res2["thresholds"][0]["threshold"] is None and "never reached" in res2["thresholds"][0]["note"]
 
+
+
+def test_an_ascending_scan_finds_the_smallest_value_that_reaches_where_a_bisection_does_not(tmp_path):
+    """A wider model can fail where a narrower one reached (a loss spike at a fixed learning rate): on the memoised
+    grid 2 .. 64 reaching at 4, 32 and 64 only, bisection tries 8 (fails), 32, 16 (fails) and says 32; the
+    ascending scan says 4, tries nothing above it, and a run folder re-searched with the other scan searches again
+    from its memoised evaluations (no training: every evaluation is in the memo)."""
+    from mechfact.facts.capacity import _eval_key, capacity_search
+
+    reach = {2: 0.5, 4: 0.995, 8: 0.4, 16: 0.45, 32: 0.999, 64: 1.0}
+    memo = {_eval_key(32, 2, "frozen", 8, m, 0): {"accuracy": a, "steps": 10, "stopped": "budget"}
+            for m, a in reach.items()}
+    seen = []
+
+    def cfg(scan):
+        return ex.FactsCapacityConfig(subjects=[32], relations=[2], embeddings=["frozen"], search="mlp-width",
+                                      scan=scan, d=8, grid=sorted(reach), train=TrainConfig(steps=10))
+
+    bis = capacity_search(32, 2, "frozen", 0, cfg("bisect"), CPU, memo, on_eval=lambda: seen.append(1))
+    asc = capacity_search(32, 2, "frozen", 0, cfg("ascending"), CPU, memo, on_eval=lambda: seen.append(1))
+    assert (bis["threshold"], bis["scan"], asc["threshold"], asc["scan"]) == (32, "bisect", 4, "ascending")
+    assert not seen and not asc.get("at_grid_min")
+    low = capacity_search(32, 2, "frozen", 0, cfg("ascending"), CPU, {
+        **memo, _eval_key(32, 2, "frozen", 8, 2, 0): {"accuracy": 0.99, "steps": 10, "stopped": "target"}})
+    assert low["threshold"] == 2 and low["at_grid_min"]
+    run = tmp_path / "cap"
+    run.mkdir()
+    (run / "result.json").write_text(json.dumps({"evaluations": memo, "thresholds": [bis]}))
+    got = ex.run_facts_capacity(cfg("ascending"), run, device=CPU)["thresholds"]
+    assert [(t["threshold"], t["scan"]) for t in got] == [(4, "ascending")]
+    with pytest.raises(ValueError, match="--scan up"):
+        cfg("up")
 
 
 def test_a_threshold_at_the_grid_minimum_is_marked_censored(tmp_path):

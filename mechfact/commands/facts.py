@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ._args import common_args, executor_args, finite_float, make_executor_from
-from ..facts.experiments import SEARCHES
+from ..facts.experiments import SCANS, SEARCHES
 from ..facts.model import ATTENTION, EMBEDDINGS, ENTITY_INIT, OUTPUTS
 from ..facts.train import LOSSES, SCHEDULES
 
@@ -103,7 +103,10 @@ def register(sub) -> dict:
     p.add_argument("--embeddings", nargs="+", default=["trainable"], choices=EMBEDDINGS)
     p.add_argument("--search", default="d", choices=SEARCHES, help="what to search (default d)")
     p.add_argument("--grid", type=int, nargs="+", default=None,
-                   help="values searched, bisected (default 4 6 8 12 16 24 32 48 64 96 128 192 256)")
+                   help="values searched (default 4 6 8 12 16 24 32 48 64 96 128 192 256)")
+    p.add_argument("--scan", default="bisect", choices=SCANS,
+                   help="bisect the grid (default; assumes a value that reaches is followed by values that reach) "
+                        "or try each value in ascending order until one reaches (the smallest that does)")
     p.add_argument("--d", type=int, default=64, help="fixed d when searching the MLP width (default 64)")
     p.add_argument("--mlp-width", type=int, default=64, help="fixed MLP width when searching d (default 64)")
     p.add_argument("--seeds", type=int, default=1, help="independent worlds + inits per setting (default 1)")
@@ -158,7 +161,7 @@ def _run(a) -> None:
         print(f"construction d={res['d']} (block size {res['block_size']}): accuracy {res['accuracy']:.4f}")
     elif a.facts_cmd == "capacity":
         cfg = ex.FactsCapacityConfig(subjects=a.subjects, relations=a.relations, embeddings=a.embeddings,
-                                     search=a.search, d=a.d, mlp_width=a.mlp_width, seeds=a.seeds,
+                                     search=a.search, scan=a.scan, d=a.d, mlp_width=a.mlp_width, seeds=a.seeds,
                                      model=_spec(a), train=_train_cfg(a, 0.99), attributes=a.attributes,
                                      **({"grid": a.grid} if a.grid else {}))
         with make_executor_from(a, "facts capacity") as executor:

@@ -26,6 +26,7 @@ from .world import FactWorld
 logger = logging.getLogger(__name__)
 
 SEARCHES = ("d", "mlp-width")
+SCANS = ("bisect", "ascending")  # how the grid is searched: bisection, or every value in order until one reaches
 
 
 @dataclass
@@ -34,6 +35,7 @@ class FactsCapacityConfig(DictConfig):
     relations: list[int] = field(default_factory=lambda: [2, 4, 8])
     embeddings: list[str] = field(default_factory=lambda: ["trainable"])
     search: str = "d"  # d (at fixed mlp_width) | mlp-width (at fixed d)
+    scan: str = "bisect"  # bisect (assumes reaching is monotone in the grid) | ascending (the smallest that reaches)
     grid: list[int] = field(default_factory=lambda: [4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256])
     d: int = 64  # fixed d when searching the MLP width
     mlp_width: int = 64  # fixed width when searching d
@@ -58,6 +60,7 @@ class FactsCapacityConfig(DictConfig):
         for e in self.embeddings:
             check_choice("embeddings", e, EMBEDDINGS)
         check_choice("search", self.search, SEARCHES)
+        check_choice("scan", self.scan, SCANS)
         if not self.grid or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.grid):
             raise ValueError(f"--grid {self.grid}: must be positive integers")
         check_int("d", self.d, 1)
@@ -94,8 +97,11 @@ def _eval_key(N: int, R: int, emb: str, d: int, m: int, seed: int, A: int | None
 
 def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
                     on_eval=None, attributes: int | None = None) -> dict:
-    """Smallest grid value reaching the target accuracy (binary search, monotone assumption); memoised. With
-    ``attributes``: in the world whose relations map into a pool of that many attributes."""
+    """Smallest grid value reaching the target accuracy; memoised. ``cfg.scan`` ``bisect``: binary search, which
+    assumes that reaching is monotone in the grid; ``ascending``: every value in order until one reaches, the
+    smallest that does whatever larger ones do (at a fixed learning rate a wider MLP can fail where a narrower one
+    reaches; a bisection that tries the wider one first puts the threshold above it). With ``attributes``: in the
+    world whose relations map into a pool of that many attributes."""
     grid = sorted(set(cfg.grid))
     A = attributes
     world = FactWorld(N, R, seed, attributes=A)
@@ -114,6 +120,9 @@ def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfi
         return memo[key]["accuracy"] >= cfg.target_accuracy
 
     lo, hi = -1, len(grid)  # grid[lo] fails (virtual), grid[hi] succeeds (virtual: unknown)
+    if cfg.scan == "ascending":
+        hi = next((i for i in range(len(grid)) if ok(i)), len(grid))
+        lo = hi - 1
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ok(mid):
@@ -124,7 +133,7 @@ def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfi
     rec = {"subjects": N, "relations": R, "embeddings": emb, "seed": seed, "searched": cfg.search,
            "d": thr if cfg.search == "d" else cfg.d, "mlp_width": thr if cfg.search == "mlp-width" else cfg.mlp_width,
            "threshold": thr, "n_facts": N * R, "r_log_n": R * math.log(N), "attributes": A or N,
-           "r_log_a": R * math.log(A or N), "device": str(device)}  # device: where the search finished
+           "r_log_a": R * math.log(A or N), "scan": cfg.scan, "device": str(device)}  # device: where it finished
     if thr is None:
         rec["note"] = f"never reached {cfg.target_accuracy} within the grid (max {grid[-1]})"
     elif hi == 0 and len(grid) > 1:  # censored: the true threshold may be lower
@@ -255,6 +264,9 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
     run = RunDir(out, cfg, kind="facts.capacity", seed=seed, device=str(device))
     result = run.read_result({"thresholds": [], "evaluations": {}})
     memo = result.setdefault("evaluations", {})
+    # a threshold found by another scan is searched again (from the memoised evaluations): a record without one
+    # is a bisection's, from before the option
+    result["thresholds"] = [t for t in result["thresholds"] if t.get("scan", "bisect") == cfg.scan]
     done = {(t["subjects"], t["relations"], t["embeddings"], t["seed"], t.get("attributes", t["subjects"]))
             for t in result["thresholds"]}
     executor = executor or LocalExecutor(desc="facts capacity")

@@ -19,7 +19,7 @@ import torch
 
 from ..config import DictConfig, check_float, check_int, check_type
 from ..runs import RunDir
-from .capacity import SEARCHES, FactsCapacityConfig, capacity_search, run_facts_capacity, summarise_thresholds
+from .capacity import SCANS, SEARCHES, FactsCapacityConfig, capacity_search, run_facts_capacity, summarise_thresholds
 from .construct import block_size_for, construct, construction_width
 from .model import FactModel, FactModelConfig, build_fact_model
 from .multihop import MultihopConfig, run_multihop
@@ -31,7 +31,7 @@ from .world import FactWorld
 
 __all__ = ["CHECKPOINT_FILE", "FactsTrainConfig", "run_train", "ConstructConfig", "run_construct",
            "ModelSpec", "n_chains", "world_bytes", "training_cost", "training_queries",
-           "SEARCHES", "FactsCapacityConfig", "capacity_search", "summarise_thresholds", "run_facts_capacity",
+           "SCANS", "SEARCHES", "FactsCapacityConfig", "capacity_search", "summarise_thresholds", "run_facts_capacity",
            "MultihopConfig", "run_multihop"]
 
 logger = logging.getLogger(__name__)
