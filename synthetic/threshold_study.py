@@ -790,9 +790,10 @@ def _estimate(src: Path) -> str:
 
 
 def _width_cost(part: str, src: Path, finished: list[str]) -> str:
-    """An m* part's CPU hours on one thread: each setting's bisection over the part's grid, run to a predicted m*
-    (the finished width parts' median m* of the same R, A and embeddings at their largest N, scaled by N, as m*
-    grows with N R; above the grid when that one never reached), every evaluation at its full budget and at the
+    """An m* part's CPU hours on one thread: each setting's search over the part's grid (its scan: bisection, or
+    every width in ascending order) run to a predicted m* (the finished width parts' median m* of the same R, A and
+    embeddings at their largest N, scaled by N, as m* grows with N R; above the grid when that one never
+    reached), every evaluation at its full budget and at the
     cost per fact, MLP unit and step measured over the finished parts' evaluations (their wall time over the sum
     of N R m steps). "" without a finished width part."""
     import re
@@ -832,13 +833,18 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
                         m = math.inf if None in ts else statistics.median(ts) * n / n0
                     else:
                         m, guessed = grid[-1], guessed + 1
-                    lo, hi = -1, len(grid)
-                    while hi - lo > 1:  # the search's own bisection (mechfact.facts.capacity.capacity_search)
-                        mid = (lo + hi) // 2
-                        seconds += rate * n * r * grid[mid] * cmd.steps * cmd.seeds
-                        lo, hi = (lo, mid) if grid[mid] >= m else (mid, hi)
+                    if cmd.scan == "ascending":  # the search's own order (mechfact.facts.capacity.capacity_search)
+                        tried = [g for g in grid if g < m] + [g for g in grid if g >= m][:1]
+                    else:
+                        tried, lo, hi = [], -1, len(grid)
+                        while hi - lo > 1:
+                            mid = (lo + hi) // 2
+                            tried.append(grid[mid])
+                            lo, hi = (lo, mid) if grid[mid] >= m else (mid, hi)
+                    seconds += sum(rate * n * r * g * cmd.steps * cmd.seeds for g in tried)
     hours = seconds / 3600
-    return (f"about {f'{hours:.2g}' if hours < 10 else f'{hours:.0f}'} CPU hours on one thread in all (each setting's bisection to the m* of "
+    return (f"about {f'{hours:.2g}' if hours < 10 else f'{hours:.0f}'} CPU hours on one thread in all (each setting's "
+            f"{'scan' if cmd.scan == 'ascending' else 'bisection'} to the m* of "
             f"{', '.join(finished)} at the same R and A scaled by N, every evaluation at its full budget at "
             f"{rate * 1e9:.2f} s per 10^9 facts x MLP units x steps, measured over those parts"
             + (f"; {guessed} settings with no measured m*, at the grid's top" if guessed else "") + ")")

@@ -330,7 +330,8 @@ def test_an_unrun_width_part_is_costed_by_its_bisection_at_the_measured_rate(tmp
     """A width part not run: each setting's bisection over its grid to the finished part's median m* (same R, A,
     embeddings) scaled by N, every evaluation at the full budget and at the measured seconds per fact x unit x
     step. Finished: 100 s over one evaluation of 16 x 2 facts x 8 units x 1000 steps; m* 8 at N = 16 -> 32 at
-    N = 64; the bisection of 2 .. 64 visits 8, 32, 16: 100 / 256,000 x 64 x 2 x 56 x 100 steps x 2 seeds = 560 s."""
+    N = 64; the bisection of 2 .. 64 visits 8, 32, 16: 100 / 256,000 x 64 x 2 x 56 x 100 steps x 2 seeds = 560 s;
+    the ascending scan 2 .. 32."""
     from synthetic import facts_study as F
 
     cap = tmp_path / "capacity" / "pool_N16_width"
@@ -346,5 +347,8 @@ def test_an_unrun_width_part_is_costed_by_its_bisection_at_the_measured_rate(tmp
             "--embeddings", "frozen", "--search", "mlp-width", "--grid", "2", "4", "8", "16", "32", "64", "--steps",
             "100", "--seeds", "2"]})
     text = T._estimate(tmp_path)
-    assert "- `pool_N64_width`: about 0.16 CPU hours" in text
+    assert "- `pool_N64_width`: about 0.16 CPU hours on one thread in all (each setting's bisection" in text
     assert "`pool_N16_width`" not in text
+    F.PARTS["pool_N64_width"] += ["--scan", "ascending"]  # 2, 4, 8, 16, 32: 62 units, 620 s
+    assert "- `pool_N64_width`: about 0.17 CPU hours on one thread in all (each setting's scan" in T._estimate(
+        tmp_path)
