@@ -318,7 +318,7 @@ def _pool_parts(src: Path, suffix: str = ""):
 WIDTH_REGIMES = ("trainable", "frozen-input", "frozen")
 
 
-def width_table(recs: list[dict], grid_max: int) -> str:
+def width_table(recs: list[dict], grid_max: int | dict[int, int]) -> str:
     """m* per (N, R, A) for each embedding regime (per seed and median; "> g": never reached within the grid,
     "<= g": at the grid's smallest value in some seed), the frozen / trainable ratio of the medians, and per
     fixed-embedding regime least-squares lines of the median m* against N R and N R ln A, each slope with a 95%
@@ -327,6 +327,7 @@ def width_table(recs: list[dict], grid_max: int) -> str:
 
     from mechfact.facts.capacity import slope_interval
 
+    top = grid_max if isinstance(grid_max, dict) else {t["subjects"]: grid_max for t in recs}  # the grid's top per N
     cells: dict[tuple, dict[str, list]] = {}
     for t in recs:
         cells.setdefault((t["subjects"], t["attributes"], t["relations"]), {}).setdefault(t["embeddings"], []).append(t)
@@ -339,7 +340,7 @@ def width_table(recs: list[dict], grid_max: int) -> str:
     def cell(ts):
         if not ts:
             return "—"
-        vals = ", ".join(f"> {grid_max}" if t["threshold"] is None else str(t["threshold"])
+        vals = ", ".join(f"> {top[t['subjects']]}" if t["threshold"] is None else str(t["threshold"])
                          for t in sorted(ts, key=lambda t: t["seed"]))
         med = median(ts)
         bound = "<= " if any(t.get("at_grid_min") for t in ts) else ""
@@ -373,6 +374,23 @@ def width_table(recs: list[dict], grid_max: int) -> str:
     if fits:
         lines += ["", "| regime | fit of the median m* (settings that reached) | slope [95%, bootstrap over seeds] | "
                   "intercept | R^2 | points |", "|---|---|---|---|---|---|", *fits]
+    # the same number of facts in worlds of different N (N = 256, R = 8 beside N = 1024, R = 2): does m* follow N R?
+    same = {}
+    for (n, a, r), c in cells.items():
+        if a != n:  # a pool of A attributes (A = N changes with N)
+            same.setdefault((n * r, a), []).append((n, r, c))
+    pairs = []
+    for (nr, a), group in sorted(same.items()):
+        if len({n for n, _, _ in group}) < 2:
+            continue
+        for e in regimes:
+            cells_e = [(n, r, median(c.get(e, []))) for n, r, c in sorted(group) if c.get(e)]
+            if len(cells_e) > 1:
+                pairs.append(f"| {nr} | {a} | {e} | " + "; ".join(
+                    f"N = {n}, R = {r}: {'—' if m is None else f'{m:g}'}" for n, r, m in cells_e) + " |")
+    if pairs:
+        lines += ["", "The same number of facts N R at different N (median m*; a dash: a seed never reached):", "",
+                  "| N R | A | regime | median m* by N |", "|---|---|---|---|", *pairs]
     return "\n".join(lines)
 
 
@@ -585,19 +603,24 @@ def _width_section(src: Path) -> list[str]:
     if not recs:
         return []
     cfgs = [read_json(src / "capacity" / p / "config.json")["config"] for p in parts]
-    grid_max = max(max(c["grid"]) for c in cfgs)
+    top: dict[int, int] = {}
+    for c in cfgs:
+        for n in c["subjects"]:
+            top[n] = max(top.get(n, 0), *c["grid"])
+    grids = "; ".join(f"up to {g} at N = {', '.join(str(n) for n in sorted(top) if top[n] == g)}"
+                      for g in sorted(set(top.values())))
     ds = sorted({c["d"] for c in cfgs})
     return [
         "### Fixed entity embeddings: the MLP width m*", "",
         f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the smallest MLP width "
-        f"reaching 99% at d = {', '.join(map(str, ds))} (grid up to {grid_max}; same training as above; "
+        f"reaching 99% at d = {', '.join(map(str, ds))} (powers of 2 {grids}; same training as above; "
         + ("each width in ascending order until one reaches, as at Adam 3e-2 a wider MLP can spike and fail where "
            "a narrower one reaches, which a bisection reads as a threshold above it"
            if {c.get("scan", "bisect") for c in cfgs} == {"ascending"} else "bisection") + ") with "
         "trainable entity embeddings, with the subjects' input embeddings fixed at their random initialisation "
         "(`frozen-input`: the A-way unembedding still learns, but with A outputs it has no per-subject column "
         "to store a fact in), and with both fixed (`frozen`). Per seed, median in brackets.", "",
-        width_table(recs, grid_max), ""]
+        width_table(recs, top), ""]
 
 
 def _capacity_part(n: int, a: int) -> str:

@@ -102,7 +102,7 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
                "searched": "mlp-width", "mlp_width": t, "d": 16, "r_log_n": r * 5.545, "r_log_a": r * 2.773,
                "n_facts": 256 * r} for (e, r), ts in w.items() for s, t in enumerate(ts)]
     for folder, recs, cfg in ((d_part, d_recs, {"grid": [1, 2, 3, 4, 5, 6], "d": 64}),
-                              (w_part, w_recs, {"grid": [2, 4, 2048], "d": 16})):
+                              (w_part, w_recs, {"grid": [2, 4, 2048], "d": 16, "subjects": [256]})):
         folder.mkdir(parents=True)
         (folder / "result.json").write_text(json.dumps({"thresholds": recs}))
         (folder / "config.json").write_text(json.dumps({"config": cfg}))
@@ -352,3 +352,19 @@ def test_an_unrun_width_part_is_costed_by_its_bisection_at_the_measured_rate(tmp
     F.PARTS["pool_N64_width"] += ["--scan", "ascending"]  # 2, 4, 8, 16, 32: 62 units, 620 s
     assert "- `pool_N64_width`: about 0.17 CPU hours on one thread in all (each setting's scan" in T._estimate(
         tmp_path)
+
+
+def test_the_width_table_sets_the_same_number_of_facts_side_by_side_across_n():
+    """Settings with equal N R and A at different N get a row per regime with each N's median m* (a pool A = N is
+    left out: it changes with N); a setting never reached shows its own N's grid top."""
+    def rec(n, r, a, e, s, t):
+        return {"subjects": n, "relations": r, "attributes": a, "embeddings": e, "seed": s, "threshold": t}
+
+    recs = [rec(256, 8, 16, "frozen", s, t) for s, t in ((0, 256), (1, 512))]
+    recs += [rec(1024, 2, 16, "frozen", s, 256) for s in (0, 1)]
+    recs += [rec(1024, 4, 16, "frozen", 0, None), rec(256, 16, 16, "frozen", 0, 1024)]
+    recs += [rec(n, r, n, "frozen", 0, 64) for n, r in ((256, 8), (1024, 2))]  # A = N: no row
+    text = T.width_table(recs, {256: 2048, 1024: 8192})
+    assert "| 2048 | 16 | frozen | N = 256, R = 8: 384; N = 1024, R = 2: 256 |" in text
+    assert "| 4096 | 16 | frozen | N = 256, R = 16: 1024; N = 1024, R = 4: — |" in text
+    assert "| 1024 | 4 | 16 | 4096 | > 8192 (—) |" in text and "| 2048 | 256 |" not in text
