@@ -817,8 +817,8 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
     every width in ascending order) run to a predicted m* (the finished width parts' median m* of the same R, A and
     embeddings at their largest N, scaled by N, as m* grows with N R; above the grid when that one never
     reached), every evaluation at its full budget and at the
-    cost per fact, MLP unit and step measured over the finished parts' evaluations (their wall time over the sum
-    of N R m steps). "" without a finished width part."""
+    cost per fact, MLP unit and step measured over the evaluations of the finished parts at the largest N (their
+    wall time over the sum of N R m steps). "" without a finished width part."""
     import re
 
     from mechfact.cli import build_parser
@@ -829,12 +829,15 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
         return ""
     work = wall = 0.0
     best: dict[tuple, tuple[int, list]] = {}  # (R, A, embeddings) -> (N, thresholds) at the largest finished N
+    n_of = {q: int(re.match(r"pool_N(\d+)", q).group(1)) for q in finished}
+    timed = [q for q in finished if n_of[q] == max(n_of.values())]  # the rate at the largest N run
     for q in finished:
-        wall += read_json(src / "capacity" / q / "meta.json")["wall_time_s"]
         res = read_json(src / "capacity" / q / "result.json")
-        for key, ev in res.get("evaluations", {}).items():
-            f = dict(re.findall(r"(\w+)=(\S+)", key))
-            work += int(f["N"]) * int(f["R"]) * int(f["m"]) * ev["steps"]
+        if q in timed:
+            wall += read_json(src / "capacity" / q / "meta.json")["wall_time_s"]
+            for key, ev in res.get("evaluations", {}).items():
+                f = dict(re.findall(r"(\w+)=(\S+)", key))
+                work += int(f["N"]) * int(f["R"]) * int(f["m"]) * ev["steps"]
         for t in res["thresholds"]:
             k = (t["relations"], t["attributes"], t["embeddings"])
             if best.get(k, (0,))[0] < t["subjects"]:
@@ -869,7 +872,7 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
     return (f"about {f'{hours:.2g}' if hours < 10 else f'{hours:.0f}'} CPU hours on one thread in all (each setting's "
             f"{'scan' if cmd.scan == 'ascending' else 'bisection'} to the m* of "
             f"{', '.join(finished)} at the same R and A scaled by N, every evaluation at its full budget at "
-            f"{rate * 1e9:.2f} s per 10^9 facts x MLP units x steps, measured over those parts"
+            f"{rate * 1e9:.2f} s per 10^9 facts x MLP units x steps, measured over {', '.join(timed)}"
             + (f"; {guessed} settings with no measured m*, at the grid's top" if guessed else "") + ")")
 
 
