@@ -868,12 +868,18 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
                             tried.append(grid[mid])
                             lo, hi = (lo, mid) if grid[mid] >= m else (mid, hi)
                     seconds += sum(rate * n * r * g * cmd.steps * cmd.seeds for g in tried)
+    from mechfact.facts.spec import ModelSpec, training_cost
+
+    need = max(training_cost(max(cmd.subjects), max(cmd.relations), cmd.d, grid[-1], ModelSpec(outputs=cmd.outputs),
+                             embeddings=e, attributes=min(cmd.attributes))[0] for e in cmd.embeddings)
     hours = seconds / 3600
     return (f"about {f'{hours:.2g}' if hours < 10 else f'{hours:.0f}'} CPU hours on one thread in all (each setting's "
             f"{'scan' if cmd.scan == 'ascending' else 'bisection'} to the m* of "
             f"{', '.join(finished)} at the same R and A scaled by N, every evaluation at its full budget at "
             f"{rate * 1e9:.2f} s per 10^9 facts x MLP units x steps, measured over {', '.join(timed)}"
-            + (f"; {guessed} settings with no measured m*, at the grid's top" if guessed else "") + ")")
+            + (f"; {guessed} settings with no measured m*, at the grid's top" if guessed else "") + ")"
+            + f"; its widest model needs about {need / 2**30:.2g} GiB to train (the run refuses to start where that "
+            "does not fit)")
 
 
 def _covered(part: str, thresholds: list[dict], finished: list[str]) -> bool:
