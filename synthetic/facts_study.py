@@ -261,8 +261,9 @@ def export_multihop(out: Path, dest: Path) -> int:
     from mechfact.runs import read_json, write_json_atomic
 
     n = sum(export_run_json(out / name, dest / name) for name in PARTS if name.startswith("multihop_N"))
-    if (out / "construction_d.json").is_file():
-        write_json_atomic(dest / "construction_d.json", read_json(out / "construction_d.json"))
+    if (out / "construction_d.json").is_file():  # merged into dest's: a run folder may hold fewer constructions
+        old = read_json(dest / "construction_d.json") if (dest / "construction_d.json").is_file() else {}
+        write_json_atomic(dest / "construction_d.json", {**old, **read_json(out / "construction_d.json")})
         n += 1
     return n
 

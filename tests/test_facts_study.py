@@ -49,6 +49,9 @@ def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
     assert "at N = 64, R = 4 (k = 1: 64, k = 2: 256)" in text
     assert F.export_multihop(tmp_path, tmp_path / "e") == 4
     assert F.multihop_table(tmp_path / "e") == text
+    (tmp_path / "construction_d.json").write_text(json.dumps({"1024,4,1": 112}))  # a run folder with fewer
+    F.export_multihop(tmp_path, tmp_path / "e")
+    assert json.loads((tmp_path / "e" / "construction_d.json").read_text())["64,4,2"] == 256
 
 
 def test_a_construction_too_big_to_evaluate_is_bounded_by_the_single_hop_block_size(tmp_path, monkeypatch):
