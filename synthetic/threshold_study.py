@@ -813,12 +813,12 @@ def _estimate(src: Path) -> str:
 
 
 def _width_cost(part: str, src: Path, finished: list[str]) -> str:
-    """An m* part's CPU hours on one thread: each setting's search over the part's grid (its scan: bisection, or
-    every width in ascending order) run to a predicted m* (the finished width parts' median m* of the same R, A and
-    embeddings at their largest N, scaled by N, as m* grows with N R; above the grid when that one never
-    reached), every evaluation at its full budget and at the
-    cost per fact, MLP unit and step measured over the evaluations of the finished parts at the largest N (their
-    wall time over the sum of N R m steps). "" without a finished width part."""
+    """An m* part's CPU hours on one thread, and the memory its widest model needs: each setting's search over the
+    part's grid (its scan: bisection, or every width in ascending order) run to a predicted m* (the finished width
+    parts' median m* of the same R, A and embeddings at their largest N, scaled by N, as m* grows with N R; above
+    the grid when that one never reached), every evaluation at its full budget and at the cost per fact, MLP unit
+    and step measured over the evaluations of the finished parts at the largest N (their wall time over the sum of
+    N R m steps). "" without a finished width part."""
     import re
 
     from mechfact.cli import build_parser
