@@ -374,6 +374,12 @@ def width_table(recs: list[dict], grid_max: int | dict[int, int]) -> str:
     if fits:
         lines += ["", "| regime | fit of the median m* (settings that reached) | slope [95%, bootstrap over seeds] | "
                   "intercept | R^2 | points |", "|---|---|---|---|---|---|", *fits]
+        n_seeds = len({t["seed"] for t in recs})
+        if n_seeds < 3:  # resamples with replacement of n seeds: C(2n - 1, n) multisets (3 for two seeds)
+            draws = math.comb(2 * n_seeds - 1, n_seeds)
+            lines += ["", f"With {n_seeds} seeds a resample of whole seeds is one of {draws} draws, so an interval "
+                      "can shrink to a point where the seeds' differences cancel in the fit: read it as the "
+                      "seeds' agreement, not as the spread over worlds."]
     # the same number of facts in worlds of different N (N = 256, R = 8 beside N = 1024, R = 2): does m* follow N R?
     same = {}
     for (n, a, r), c in cells.items():
