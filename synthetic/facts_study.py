@@ -126,6 +126,13 @@ PARTS: dict[str, list[str]] = {
 }
 
 
+def part_command(name: str) -> argparse.Namespace:
+    """Part ``name``'s command as the project's CLI parses it, its defaults included."""
+    from mechfact.cli import build_parser
+
+    return build_parser().parse_args(["facts", *PARTS[name], "--out", name])
+
+
 def run(out: Path, parts: list[str], executor_flags: list[str] = ()) -> None:
     """Each part as a ``mechfact facts`` command; ``executor_flags`` (e.g. ``--executor ray --workers 2``,
     ``--device cuda``) spread its jobs over cores or a cluster, or onto a GPU."""
@@ -179,14 +186,12 @@ def multihop_table(out: Path) -> str:
     """Exact-chain accuracy of the multihop_N* parts under ``out``: one row per (N, batch, steps, d, seed) (the
     part's queries per step, ``full`` for a full batch, and step budget), direct / CoT per k, and the construction's
     d for a direct lookup at each k (CoT's: the k = 1 value), cached in ``out/construction_d.json``."""
-    from mechfact.cli import build_parser
-
     rows = []
     for name in PARTS:
         f = out / name / "result.json"
         if not (name.startswith("multihop_N") and f.is_file()):
             continue
-        a = build_parser().parse_args(["facts", *PARTS[name], "--out", name])  # the part's command, its defaults too
+        a = part_command(name)
         pts = {(p["hops"], p["mode"]): p["accuracy"] for p in json.loads(f.read_text())["points"]}
         rows.append((a.subjects, a.relations, a.batch_size, a.steps, a.d, a.seed, pts))  # batch 0: full batch
     if not rows:

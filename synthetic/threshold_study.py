@@ -772,7 +772,7 @@ def _estimate(src: Path) -> str:
     import re
 
     from mechfact.runs import read_json
-    from synthetic.facts_study import PARTS
+    from synthetic.facts_study import PARTS, part_command
 
     def kind(p: str) -> tuple[str, int]:
         m = re.fullmatch(r"pool_N(\d+)(.*)", p)
@@ -794,7 +794,7 @@ def _estimate(src: Path) -> str:
         elif same:
             base = max(same, key=lambda q: kind(q)[1])
             n0, n1 = kind(base)[1], kind(p)[1]
-            s0, s1 = (int(PARTS[q][PARTS[q].index("--seeds") + 1]) for q in (base, p))
+            s0, s1 = (part_command(q).seeds for q in (base, p))
             hours = done[base]["wall_time_s"] * (n1 / n0) * (s1 / s0) / 3600
             cost = (f"about {hours:.1f} CPU hours on one thread in all ({base} took "
                     f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds; more where d* grows "
@@ -827,9 +827,9 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
     N R m steps). "" without a finished width part."""
     import re
 
-    from mechfact.cli import build_parser
+    from mechfact.facts.capacity import scan_grid
     from mechfact.runs import read_json
-    from synthetic.facts_study import PARTS
+    from synthetic.facts_study import part_command
 
     if not finished:
         return ""
@@ -853,7 +853,7 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
     if not work:
         return ""
     rate = wall / work  # seconds per fact, MLP unit and step
-    cmd = build_parser().parse_args(["facts", *PARTS[part], "--out", part])
+    cmd = part_command(part)
     grid = sorted(set(cmd.grid))
     seconds, guessed = 0.0, 0
     for n in cmd.subjects:
@@ -865,14 +865,13 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
                         m = math.inf if None in ts else statistics.median(ts) * n / n0
                     else:
                         m, guessed = grid[-1], guessed + 1
-                    if cmd.scan == "ascending":  # the search's own order (mechfact.facts.capacity.capacity_search)
-                        tried = [g for g in grid if g < m] + [g for g in grid if g >= m][:1]
-                    else:
-                        tried, lo, hi = [], -1, len(grid)
-                        while hi - lo > 1:
-                            mid = (lo + hi) // 2
-                            tried.append(grid[mid])
-                            lo, hi = (lo, mid) if grid[mid] >= m else (mid, hi)
+                    tried = []  # the widths the search's own scan evaluates, were m its threshold
+
+                    def reaches(i: int, m=m) -> bool:
+                        tried.append(grid[i])
+                        return grid[i] >= m
+
+                    scan_grid(len(grid), cmd.scan, reaches)
                     seconds += sum(rate * n * r * g * cmd.steps * cmd.seeds for g in tried)
     from mechfact.facts.spec import ModelSpec, training_cost
 
@@ -892,10 +891,9 @@ def _covered(part: str, thresholds: list[dict], finished: list[str]) -> bool:
     """Whether every (R, A, seed) setting of ``part``'s command has a threshold, in ``thresholds`` (the part's own)
     or in one of the ``finished`` parts that run one of its pools alone (``pool_N4096_A64``: every setting of
     A = 64, since that part has finished)."""
-    from mechfact.cli import build_parser
-    from synthetic.facts_study import PARTS
+    from synthetic.facts_study import part_command
 
-    cmd = build_parser().parse_args(["facts", *PARTS[part], "--out", part])  # the part's command, its defaults too
+    cmd = part_command(part)
     alone = {int(q.rsplit("_A", 1)[1]) for q in finished}
     have = {(t["relations"], t["attributes"], t.get("embeddings", "trainable"), t["seed"]) for t in thresholds}
     return all((r, a, e, s) in have or a in alone for r in cmd.relations for a in cmd.attributes

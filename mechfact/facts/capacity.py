@@ -95,6 +95,22 @@ def _eval_key(N: int, R: int, emb: str, d: int, m: int, seed: int, A: int | None
     return _setting(N, R, emb, A) + f"d={d} m={m} seed={seed}"
 
 
+def scan_grid(n: int, scan: str, ok) -> int:
+    """The index of the smallest of ``n`` grid values that ``ok(index)`` accepts, ``n`` when none does, found as
+    ``scan`` says: ``ascending`` tries 0, 1, ... and stops at the first accepted; ``bisect`` halves the range,
+    assuming that every value above an accepted one is accepted."""
+    if scan == "ascending":
+        return next((i for i in range(n) if ok(i)), n)
+    lo, hi = -1, n  # grid[lo] fails (virtual), grid[hi] succeeds (virtual: unknown)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
                     on_eval=None, attributes: int | None = None) -> dict:
     """Smallest grid value reaching the target accuracy; memoised. ``cfg.scan`` ``bisect``: binary search, which
@@ -119,16 +135,7 @@ def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfi
                 on_eval()
         return memo[key]["accuracy"] >= cfg.target_accuracy
 
-    lo, hi = -1, len(grid)  # grid[lo] fails (virtual), grid[hi] succeeds (virtual: unknown)
-    if cfg.scan == "ascending":
-        hi = next((i for i in range(len(grid)) if ok(i)), len(grid))
-        lo = hi - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
+    hi = scan_grid(len(grid), cfg.scan, ok)
     thr = grid[hi] if hi < len(grid) else None
     rec = {"subjects": N, "relations": R, "embeddings": emb, "seed": seed, "searched": cfg.search,
            "d": thr if cfg.search == "d" else cfg.d, "mlp_width": thr if cfg.search == "mlp-width" else cfg.mlp_width,
