@@ -17,7 +17,7 @@ Prints wall and process CPU seconds (a shared machine inflates wall time; with o
 work done), the speed-ups old/new and plain/new, and the largest absolute difference between the methods'
 Jacobians, also relative to the largest |J|. Each method runs ``--reps`` times in turns; the medians count.
 
-    python benchmarks/jacobian_bench.py [--threads 1] [--models default,qwen2.5-0.5b] [--reps 1]
+    python benchmarks/jacobian_bench.py [--threads 1] [--models default,qwen2.5-coder-0.5b-instruct] [--reps 1]
 
 A model that is not installed is skipped with its install command. ``--models`` takes any name or path that
 ``mechfact.load_model`` accepts (e.g. ``gemma3-270m``).
@@ -166,7 +166,7 @@ def bench_model(spec: str, args) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--models", default="default,qwen2.5-0.5b")
+    ap.add_argument("--models", default="default,qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--plain-models", default="default", help="models on which (c) runs (comma-separated)")
     ap.add_argument("--relation", default="city_country")
     ap.add_argument("--sample", type=int, default=6, help="the fact whose prompt is used")

@@ -14,7 +14,11 @@ trials, relations); :func:`fields` writes the three keys from an
 * :func:`permutation_pvalue` -- ``(1 + #{null >= observed}) / (1 + n_null)``,
   the p-value of an observed statistic against draws from its null (never 0).
 * :func:`spearman` -- rank correlation with its permutation p-value and a
-  bootstrap interval over the paired items.
+  bootstrap interval over the paired items; :func:`partial_spearman` -- the same
+  with a third variable partialled out.
+* :func:`paired_difference` -- the mean paired difference with its interval,
+  sign-flip p-value and verdict; :func:`holm` -- Holm's adjustment of a family of
+  p-values (report every test of the family, adjusted).
 
 Everything takes a ``seed``; the same inputs and seed give the same interval.
 """
@@ -226,6 +230,70 @@ def spearman(x: Sequence[float], y: Sequence[float], *, n_boot: int = N_BOOT, n_
     obs = float((ra_c * rb_c).mean())
     p = permutation_pvalue(abs(obs), np.abs(null), "greater")
     return {"rho": est.value, "rho_ci": [est.low, est.high], "rho_n": int(n), "p_value": p}
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (same order as given): the family-wise error rate is
+    controlled at level alpha when each adjusted p is compared with alpha."""
+    p = np.asarray(pvalues, dtype=float)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adj = np.empty(m)
+    running = 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (m - k) * p[i]))
+        adj[i] = running
+    return adj.tolist()
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = N_BOOT, seed: int = 0,
+                      confidence: float = CONFIDENCE) -> dict:
+    """The mean of ``a - b`` over paired units with a bootstrap interval (units resampled with their pair) and a
+    sign-flip permutation p-value (two-sided); ``verdict`` from the sign-flip test (exact in its null at any n,
+    where a percentile bootstrap of few units is too narrow): ``above`` / ``below`` when p < ``1 - confidence``
+    and the mean difference is positive / negative, else ``undecided``."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired_difference: {x.size} values against {y.size}")
+    d = x - y
+    est = bootstrap(d, n_boot=n_boot, seed=seed, confidence=confidence)
+    if d.size < 2:
+        return {"diff": est.value, "diff_ci": [None, None], "diff_n": int(d.size), "p_value": None,
+                "verdict": "undecided"}
+    rng = np.random.default_rng(seed + 1)
+    signs = rng.choice([-1.0, 1.0], size=(10000, d.size))
+    p = permutation_pvalue(abs(float(d.mean())), np.abs((signs * d).mean(1)), "greater")
+    verdict = "undecided" if p >= 1 - confidence else "above" if d.mean() > 0 else "below"
+    return {"diff": est.value, "diff_ci": [est.low, est.high], "diff_n": int(d.size), "p_value": p,
+            "verdict": verdict}
+
+
+def partial_spearman(x: Sequence[float], y: Sequence[float], z: Sequence[float], *, n_perm: int = 10000,
+                     seed: int = 0) -> dict:
+    """Spearman's rho of ``x`` and ``y`` with ``z`` partialled out (the ranks of x and y each residualised on the
+    ranks of z by least squares; the correlation of the residuals), with a permutation p-value (two-sided, the
+    residuals of y permuted). Fewer than 4 items: ``rho`` None."""
+    from scipy.stats import rankdata
+
+    a, b, c = (np.asarray(v, dtype=float) for v in (x, y, z))
+    if not a.shape == b.shape == c.shape:
+        raise ValueError(f"partial_spearman: {a.size}, {b.size} and {c.size} values")
+    if a.size < 4:
+        return {"rho": None, "rho_n": int(a.size), "p_value": None}
+    Z = np.stack([np.ones(a.size), rankdata(c)], 1)
+
+    def resid(v):
+        r = rankdata(v)
+        return r - Z @ np.linalg.lstsq(Z, r, rcond=None)[0]
+    ra, rb = resid(a), resid(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return {"rho": None, "rho_n": int(a.size), "p_value": None}
+    rho = float(np.corrcoef(ra, rb)[0, 1])
+    rng = np.random.default_rng(seed)
+    perms = np.argsort(rng.random((n_perm, a.size)), axis=1)
+    za, zb = (ra - ra.mean()) / ra.std(), (rb - rb.mean()) / rb.std()
+    null = (za[None] * zb[perms]).mean(1)
+    return {"rho": rho, "rho_n": int(a.size), "p_value": permutation_pvalue(abs(rho), np.abs(null), "greater")}
 
 
 def fields(name: str, est: Estimate) -> dict:

@@ -34,16 +34,16 @@ import numpy as np
 
 from mechfact.llm import lre_authors
 
-MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")
+MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
 PARTS = ("factual", "linguistic")  # folders of the LRE authors' data/ (github evandez/relations)
 SWEEP = {"factual": ("country capital city", "person native language", "landmark on continent"),
          "linguistic": ("adjective comparative", "word first letter")}
-SWEEP_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")  # Qwen's: ~20 min a relation on one CPU core
-SWEEP_LAYERS = {"smollm2-135m": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15", "qwen2.5-0.5b": "2,7,12,16,20"}
-STRIDE = {"smollm2-135m": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
-          "qwen2.5-0.5b": "0,3,6,9,12,15,18,21,23"}
+SWEEP_MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")  # Qwen's: ~20 min a relation on one CPU core
+SWEEP_LAYERS = {"smollm2-135m-instruct": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15", "qwen2.5-coder-0.5b-instruct": "2,7,12,16,20"}
+STRIDE = {"smollm2-135m-instruct": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
+          "qwen2.5-coder-0.5b-instruct": "0,3,6,9,12,15,18,21,23"}
 SWEEP_MAX_CAUSALITY = 64  # the sweep's edits per trial and layer: edits are most of its cost on a known relation
-LRE_LAYER = {"smollm2-135m": 15, "gemma3-270m": 9, "qwen2.5-0.5b": 12}  # n_layers // 2, the default
+LRE_LAYER = {"smollm2-135m-instruct": 15, "gemma3-270m": 9, "qwen2.5-coder-0.5b-instruct": 12}  # n_layers // 2, the default
 # The authors' LRE faithfulness (recall@1, in-context prompt) per relation for GPT-J and LLaMA-13B, as stored in
 # their repository evandez/relations, notebooks/figures/relation_order_{gptj,llama-13b}.json (commit 093c389),
 # the data of their relation-wise faithfulness figure; LLaMA's president relations failed in their sweep (None).
@@ -60,7 +60,7 @@ PUBLISHED = {  # relation: (GPT-J, LLaMA-13B)
     "country capital city": (0.88, 0.65), "country language": (0.88, 0.88), "country largest city": (0.92, 0.58),
     "adjective superlative": (0.93, 0.83), "verb past tense": (0.95, 0.92), "adjective comparative": (0.98, 0.90),
 }
-COLORS = {"smollm2-135m": "tab:blue", "gemma3-270m": "tab:orange", "qwen2.5-0.5b": "tab:green"}
+COLORS = {"smollm2-135m-instruct": "tab:blue", "gemma3-270m": "tab:orange", "qwen2.5-coder-0.5b-instruct": "tab:green"}
 
 
 def _read(path: Path):
@@ -174,7 +174,8 @@ def export(out: Path, dest: Path) -> int:
     for folder in sorted(p for p in out.glob("*/*") if (p / "result.json").is_file()):
         cfg = _read(folder / "config.json") or {}
         rel = (cfg.get("config", cfg) or {}).get("relations")
-        roots = {rel} if isinstance(rel, str) and Path(rel).name in PARTS else set()
+        rels = rel if isinstance(rel, list) else [rel]  # one source, or several (trace: shipped + a data folder)
+        roots = {r for r in rels if isinstance(r, str) and Path(r).name in PARTS}
         for name in RUN_FILES:
             if (folder / name).is_file():
                 target = dest / folder.relative_to(out) / name
@@ -356,39 +357,84 @@ def lre_table(out: Path, part: str | None = None) -> str:
                         f"[95% bootstrap over relations]: F at beta {xs[0].get('beta')} "
                         f"{_ci(s, 'mean_faithfulness')}, at the model beta {mb} {_ci(s, 'mean_faithfulness_model_beta')}, "
                         f"bias only {_ci(s, 'mean_faithfulness_bias_only')}, majority object "
-                        f"{_ci(s, 'mean_majority_baseline')}, C {_ci(s, 'mean_causality')}" + _vs_majority(xs))
-    sp = spearman_rows(out, part)
+                        f"{_ci(s, 'mean_majority_baseline')}, C {_ci(s, 'mean_causality')}")
+    rows.append("\n" + paired_table(res))
+    sp = [r for r in spearman_family(out) if part is None or r["part"] == part]
     if sp:
         rows.append("\nSpearman's rho of F(β*) (one beta per model, chosen on training facts: the authors' rule) at "
                     "the middle layer against the published F (theirs at the layer each relation's causality chose; "
                     "the layer sweep below shows how far the layer moves F), over the non-degenerate relations "
-                    "both have; interval: bootstrap over relations; p: permutation test.")
+                    "both have; interval: bootstrap over relations; p: permutation test; Holm: adjusted over the "
+                    f"family of all {len(spearman_family(out))} such tests on this page (both parts, every model "
+                    "and reference), every one listed; partial rho: with the relation's number of test objects "
+                    "partialled out (a relation with few objects is easy for any model).")
     for r in sp:
         rows.append(f"\nSpearman {r['model']} vs {r['reference']} ({r['rho_n']} relations): rho {r['rho']:.2f} "
-                    f"[{r['rho_ci'][0]:.2f}, {r['rho_ci'][1]:.2f}], permutation p "
-                    + (f"{r['p_value']:.3f}" if r["p_value"] >= 0.001 else "< 0.001"))  # not a printed 0.000
+                    f"[{r['rho_ci'][0]:.2f}, {r['rho_ci'][1]:.2f}], permutation p {_p(r['p_value'])}, Holm "
+                    f"{_p(r['p_holm'])}; partial rho (objects) "
+                    + ("—" if r["partial_rho"] is None else f"{r['partial_rho']:.2f}, p {_p(r['partial_p'])}"))
     return "\n".join(rows)
 
 
-def _vs_majority(xs: list[dict]) -> str:
-    """Per relation (non-degenerate, scored): F(β*)'s 95% interval wholly above the majority object's, wholly
-    below it (a constant answer does better), or overlapping it; the relations below named."""
-    above, below, both = 0, [], 0
-    for x in xs:
-        f, m = x.get("faithfulness_model_beta_ci"), x.get("majority_baseline_ci")
-        if x["faithfulness"] is None or lre_authors.degenerate(x) or not f or not m or None in (*f, *m):
-            continue
-        if f[0] > m[1]:
-            above += 1
-        elif f[1] < m[0]:
-            below.append(x["relation"])
-        else:
-            both += 1
-    n = above + len(below) + both
-    if not n:
-        return ""
-    return (f". F(β*) against the majority object, relation by relation (95% intervals): above on {above} of {n}, "
-            f"overlapping on {both}, below on {len(below)}" + (f" ({', '.join(sorted(below))})" if below else ""))
+def _p(p) -> str:
+    return "—" if p is None else f"{p:.3f}" if p >= 0.001 else "< 0.001"  # never a printed 0.000
+
+
+def spearman_family(out: Path) -> list[dict]:
+    """Every Spearman test of the page (both parts, every model, both references) with its Holm-adjusted p and
+    the partial rho controlling the relation's number of test objects."""
+    from mechfact import stats
+
+    res = _lre_all(out)
+    rows = []
+    for part in PARTS:
+        for r in spearman_rows(out, part):
+            xs = [(x["faithfulness_model_beta"], PUBLISHED[n][0 if r["reference"] == "GPT-J" else 1],
+                   x.get("n_objects_test")) for n, x in res[r["model"]].items()
+                  if x["part"] == part and x.get("faithfulness_model_beta") is not None
+                  and not lre_authors.degenerate(x) and n in PUBLISHED
+                  and PUBLISHED[n][0 if r["reference"] == "GPT-J" else 1] is not None]
+            ok = all(z is not None for _, _, z in xs)
+            pr = stats.partial_spearman(*zip(*xs), seed=0) if ok and len(xs) >= 4 else {"rho": None,
+                                                                                          "p_value": None}
+            rows.append({**r, "partial_rho": pr["rho"], "partial_p": pr["p_value"]})
+    for r, p in zip(rows, stats.holm([r["p_value"] for r in rows])):
+        r["p_holm"] = p
+    return rows
+
+
+def paired_table(res: dict) -> str:
+    """F(β*) against the two constant answers the page has per relation -- the majority object and the bias alone
+    (beta 0: the LRE's own constant prediction) -- as PAIRED tests over relations: the mean difference with its
+    bootstrap interval and sign-flip p; on each model's own non-degenerate relations and on the relations every
+    model scores and none finds degenerate (so the models' means compare like with like)."""
+    from mechfact import stats
+
+    ok = {m: {n: x for n, x in res[m].items() if x.get("faithfulness_model_beta") is not None
+              and not lre_authors.degenerate(x) and x.get("majority_baseline") is not None}
+          for m in MODELS}
+    common = sorted(set.intersection(*(set(v) for v in ok.values()))) if all(ok.values()) else []
+    rows = ["Paired tests over relations (the mean difference with its 95% bootstrap interval; p: sign-flip "
+            "permutation test, two-sided; F beats the constant when p < 0.05 and the difference is positive, the constant beats F when p < 0.05 and it is negative, else F does not beat it; the per-relation "
+            "comparison needs per-subject outcomes, which these runs do not keep):\n",
+            "| model | relations | F(β*) mean [95%] | F(β*) − majority object [95%], p, verdict | F(β*) − bias alone "
+            "[95%], p, verdict |", "|---|---|---|---|---|"]
+    for label, pick in (("own", lambda m: sorted(ok[m])), ("common", lambda m: common)):
+        for m in MODELS:
+            names = pick(m)
+            if len(names) < 2:
+                continue
+            f = [ok[m][n]["faithfulness_model_beta"] for n in names]
+            cells = []
+            for key in ("majority_baseline", "faithfulness_bias_only"):
+                d = stats.paired_difference(f, [ok[m][n].get(key) or 0.0 for n in names], seed=0)
+                said = {"above": "beats it", "below": "the constant beats it"}.get(d["verdict"], "does not beat it")
+                cells.append(f"{d['diff']:+.2f} [{d['diff_ci'][0]:+.2f}, {d['diff_ci'][1]:+.2f}], p {_p(d['p_value'])}"
+                             f", {said}")
+            mean = stats.bootstrap(f, seed=0)
+            rows.append(f"| {m} | {len(names)} ({label}) | {mean.value:.2f} [{mean.low:.2f}, {mean.high:.2f}] | "
+                        + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def _published(name: str) -> str:
@@ -603,7 +649,9 @@ right on every test fact: a constant answer scores 1.00) are marked and left out
 
 def write_doc(out: Path, path: Path) -> None:
     """The whole results page from the run folders in ``out`` (figures next to it in ``img/``)."""
-    parts = [DOC_HEAD, "## Runs behind this page\n", runs_status(out), ""]
+    from probes.tracing_study import models_legend
+
+    parts = [DOC_HEAD, models_legend(MODELS), "## Runs behind this page\n", runs_status(out), ""]
     parts += ["## LRE, the authors' protocol, factual relations (middle layer)\n", lre_table(out, "factual"), "",
               "## LRE, the authors' protocol, linguistic relations (middle layer)\n", lre_table(out, "linguistic"), "",
               "![LRE per relation](img/families_lre.png)\n",

@@ -2,7 +2,7 @@
 events (Geva et al. 2023), subject-state transfer and the relation selectivity of last-position MLP units (the
 geometric-recall paper's two claims as causal tests), and attribution patching against exact patching.
 
-    python -m probes.recall_study --run [--models smollm2-135m] [--max-facts 8]   # missing runs into runs/recall
+    python -m probes.recall_study --run [--models smollm2-135m-instruct] [--max-facts 8]   # missing runs into runs/recall
     python -m probes.recall_study --out runs/recall --export docs/runs/recall      # the run JSON, for a clone
     python -m probes.recall_study --out docs/runs/recall --doc docs/results_recall.md  # the page, from runs alone
 
@@ -277,7 +277,9 @@ def figures(out: Path, img: Path) -> list[Path]:
 def write_doc(out: Path, path: Path) -> None:
     from mechfact.runs import atomic_path
 
-    parts = [DOC_HEAD,
+    from probes.tracing_study import models_legend
+
+    parts = [DOC_HEAD, models_legend(MODELS),
              "## Attention knockout (Geva et al. 2023)\n",
              "The last position's attention to a group of positions blocked in a window of layers; the relative "
              "change of the clean answer's probability, at the window where it drops most (relation: the prompt's "

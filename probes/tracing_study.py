@@ -1,20 +1,23 @@
 """Where models recall a fact: causal tracing on the packaged models and on fact models, beside the published
-GPT-2 XL pattern.
+GPT-2 XL pattern, each published claim decided by a test stated before the run.
 
-    python -m probes.tracing_study --run [--models smollm2-135m] [--max-facts 8]   # missing runs into runs/trace
-    python -m probes.tracing_study --out runs/trace --export docs/runs/trace         # the run JSON, for a clone
+    python -m probes.tracing_study --run --lre-data DIR [--models M ...]     # missing runs into runs/trace
+    python -m probes.tracing_study --out runs/trace --export docs/runs/trace  # the run JSON, for a clone
     python -m probes.tracing_study --out docs/runs/trace --doc docs/results_trace.md  # the page, from runs alone
 
-What it runs, per packaged model (``mechfact llm models``; a model that is not installed is skipped):
+What it runs, per packaged model (``mechfact llm models``; a model that is not installed is skipped), with the
+arguments of :func:`trace_argv` (the page's configuration; ``DIR``: the LRE authors' ``data/`` folder):
 
-* ``mechfact llm trace --kinds state mlp attn severed_mlp severed_attn`` on the shipped relations of
-  ``RELATIONS`` (zero-shot prompts, the known facts, ``--max-facts`` per relation; Gaussian noise of 3 x the
-  subject embeddings' std, 10 draws) -> ``<out>/<model>/noise``;
+* ``mechfact llm trace --kinds state mlp attn severed_mlp severed_attn mlp_w1 mlp_no0`` on ``SHIPPED_FACTUAL``
+  and every factual file of ``DIR`` (zero-shot prompts, the facts whose top-1 token spells the object,
+  ``MAX_FACTS`` per relation; Gaussian noise of 3 x the std of every known subject's embeddings, 10 draws)
+  -> ``<out>/<model>/noise``;
 * the same with ``--corruption replace --kinds state mlp`` (another subject of the same token length, 5 per
   fact) -> ``<out>/<model>/replace``;
 
 and on fact models (:func:`mechfact.causal_trace` on a world): the explicit construction and a model trained in
-the geometric regime, ``<out>/facts/<name>/result.json``.
+the geometric regime, ``<out>/facts/<name>/result.json``. The tests of the published claims:
+:mod:`mechfact.probes.trace_tests`.
 """
 
 from __future__ import annotations
@@ -25,11 +28,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b")
+import numpy as np
+
+MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
 RELATIONS = ("country_capital", "city_country", "company_country", "country_language", "element_symbol",
              "country_continent")
-NOISE_KINDS = "state,mlp,attn,severed_mlp,severed_attn"
+NOISE_KINDS = "state,mlp,attn,severed_mlp,severed_attn,mlp_w1,mlp_no0"
 REPLACE_KINDS = "state,mlp"
+# the shipped relations that state facts about the world (the linguistic ones left out), traced beside every factual
+# file of the LRE authors' data
+SHIPPED_FACTUAL = ("animal_class", "city_country", "company_country", "country_capital", "country_continent",
+                   "country_language", "element_symbol", "fruit_color", "instrument_family", "occupation_workplace")
+MAX_FACTS = 14  # known facts traced per relation (a seeded choice): >= 200 facts over >= 10 relations on SmolLM2
 # Meng et al. (2022), GPT-2 XL (48 layers), 1000 known facts, Gaussian noise 3 sigma, window 10: clean 27.0%,
 # corrupted 8.47%, total effect 18.6%; single-state AIE peak 8.7% at layer 15 on the last subject token; MLP
 # window peak 6.6% near layer 17 on the last subject token; attention at the last token in later layers.
@@ -51,16 +61,44 @@ def _installed(model: str) -> bool:
     return ok
 
 
-def run(out: Path, models, max_facts: int) -> None:
+def trace_argv(model: str, corruption: str, lre_data: str | Path, max_facts: int = MAX_FACTS,
+               names: list[str] | None = None) -> list[str]:
+    """The ``mechfact llm trace`` arguments of one of the page's runs (its configuration: a test holds the shipped
+    runs' config equal to what these arguments make). ``names``: the relations (default :func:`trace_relations`
+    of the data folder)."""
+    kinds = NOISE_KINDS if corruption == "noise" else REPLACE_KINDS
+    return ["--model", model, "--relations", "shipped", str(Path(lre_data) / "factual"), "--relation-names",
+            *(trace_relations(lre_data) if names is None else names), "--kinds", *kinds.split(","),
+            "--corruption", corruption, "--max-facts", str(max_facts), "--known", "spells"]
+
+
+def trace_relations(lre_data: str | Path) -> list[str]:
+    """The traced relations: the shipped factual relations and every factual file of the LRE authors' data."""
+    from mechfact.llm.relations import load_relations
+
+    lre = [r.name for r in load_relations(Path(lre_data) / "factual")]
+    return list(SHIPPED_FACTUAL) + lre
+
+
+def check_lre_data(lre_data) -> Path:
+    """The LRE authors' data folder (with factual/), or SystemExit naming what is missing."""
+    if lre_data is None or not (Path(lre_data) / "factual").is_dir():
+        raise SystemExit(f"--lre-data {lre_data}: the traced relations include the LRE authors' factual files; pass "
+                         "their data folder (github evandez/relations, data/, holding factual/)")
+    return Path(lre_data)
+
+
+def run(out: Path, models, max_facts: int = MAX_FACTS, lre_data=None, workers: int = 1) -> None:
     cli = [sys.executable, "-m", "mechfact.cli", "llm", "trace"]
+    lre = check_lre_data(lre_data)
     for m in models:
-        for corruption, kinds in (("noise", NOISE_KINDS), ("replace", REPLACE_KINDS)):
+        for corruption in ("noise", "replace"):
             folder = out / m / corruption
             if (folder / "meta.json").is_file():
                 continue
-            subprocess.run(cli + ["--model", m, "--relation-names", *RELATIONS, "--kinds", *kinds.split(","), "--corruption",
-                                  corruption, "--max-facts", str(max_facts), "--threads", "1", "--quiet", "--out",
-                                  str(folder)], check=True)
+            ex = ["--executor", "ray", "--workers", str(workers)] if workers > 1 else []
+            subprocess.run(cli + trace_argv(m, corruption, lre, max_facts) + ex + ["--threads", "1", "--quiet",
+                                                                                  "--out", str(folder)], check=True)
     run_facts(out / "facts")
 
 
@@ -103,143 +141,155 @@ def _pct(x, ci=None) -> str:
     return s if not ci or ci[0] is None else f"{s} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
 
-def _peak(summary: dict, bucket: str, n_layers: int | None = None) -> str:
-    p = summary.get(f"peak_{bucket}")
-    if not p:
-        return "—"
+def _label(m: str) -> str:
+    from mechfact.llm.registry import label
+
+    return label(m)
+
+
+def models_legend(models=MODELS) -> str:
+    """One line per packaged model: its short name (as the page's tables print it) and what it is exactly."""
+    from mechfact.llm.registry import MODELS as PACKAGED
+
+    return "Models (short name: family, size, base / instruct, the GGUF quantisation its weights were dequantised " \
+           "from, run in float32):\n\n" + "\n".join(f"- `{m}`: {_label(m)}; {PACKAGED[m].note}" for m in models) + "\n"
+
+
+def _kinds(r: dict) -> dict:
+    """The run's traces per kind (:class:`mechfact.probes.trace_tests.Traces`), on the facts every kind has."""
+    from mechfact.probes.trace_tests import Traces
+
+    rows = r.get("per_relation", [])
+    kinds = list(dict.fromkeys(x["kind"] for x in rows if x.get("facts")))
+    full = [n for n in dict.fromkeys(x["relation"] for x in rows)
+            if all(any(x["relation"] == n and x["kind"] == k and x.get("facts") for x in rows) for k in kinds)]
+    rows = [x for x in rows if x["relation"] in full]  # a partial run: the relations every kind has finished
+    return {k: t for k in kinds if (t := Traces.from_rows(rows, k, r["n_layers"])) is not None}
+
+
+def _analysis(out: Path, m: str, corruption: str) -> tuple[dict | None, dict, dict]:
+    """(the run's result, its traces per kind, the pre-stated tests) of one model and corruption."""
+    from mechfact.probes.trace_tests import decide
+
+    r = _read(out / m / corruption / "result.json")
+    if not r:
+        return None, {}, {}
+    kinds = _kinds(r)
+    return r, kinds, (decide(kinds, r["n_layers"], seed=0) if kinds else {})
+
+
+def _peak_cell(t, bucket: str, idx) -> str:
+    from mechfact.probes.trace_tests import MIN_RELATIONS, peak
+
+    p = peak(t, bucket, idx)
     layer = "emb" if p["layer"] == -1 else p["layer"]
-    depth = f" ({max(p['layer'], 0) / n_layers:.2f} of the depth)" if n_layers else ""
-    return f"layer {layer}{depth}: {_pct(p['aie'], p['aie_ci'])}"
+    if len(set(t.relations)) < MIN_RELATIONS:
+        return f"layer {layer} ({p['depth']:.2f}): {_pct(p['aie'])} (no interval: fewer than {MIN_RELATIONS} relations)"
+    lo, hi = ("emb" if v == -1 else v for v in p["layer_ci"])
+    return f"layer {layer} ({p['depth']:.2f}), layers [{lo}, {hi}] over draws: {_pct(p['aie'], p['aie_ci'])}"
+
+
+KIND_NAMES = {"state": "state", "mlp": "mlp (window w)", "attn": "attn (window w)", "severed_mlp": "severed_mlp",
+              "severed_attn": "severed_attn", "mlp_w1": "mlp (window 1)", "mlp_no0": "mlp (window w, MLP 0 excluded)"}
 
 
 def llm_table(out: Path) -> str:
-    rows = ["| model | corruption | kind | facts | clean | corrupted | total effect [95%] | peak at the last subject "
-            "token [95%] | peak at the last token [95%] |", "|---|---|---|---|---|---|---|---|---|"]
+    from mechfact.probes.trace_tests import draws
+
+    rows = ["| model | corruption | kind | facts / relations | clean | corrupted | total effect [95%] | peak at the "
+            "last subject token: layer (depth), 95% interval of the peak layer, AIE [95%] | peak at the last token "
+            "(same) |", "|---|---|---|---|---|---|---|---|---|"]
     p = PUBLISHED
     rows.append(f"| {p['model']} | noise | state | 1000 | {_pct(p['clean'])} | {_pct(p['corrupt'])} | "
-                f"{_pct(p['total_effect'])} | layer {p['state_last_subject'][0]} ({15 / 48:.2f} of the depth): "
+                f"{_pct(p['total_effect'])} | layer {p['state_last_subject'][0]} ({15 / 48:.2f}): "
                 f"{_pct(p['state_last_subject'][1])} | later layers |")
     rows.append(f"| {p['model']} | noise | mlp (window 10) | 1000 | | | | layer {p['mlp_last_subject'][0]} "
-                f"({17 / 48:.2f} of the depth): {_pct(p['mlp_last_subject'][1])} | |")
+                f"({17 / 48:.2f}): {_pct(p['mlp_last_subject'][1])} | |")
     for m in MODELS:
         for corruption in ("noise", "replace"):
-            r = _read(out / m / corruption / "result.json")
-            if not r:
-                rows.append(f"| {m} | {corruption} | not run | | | | | | |")
+            r, kinds, _ = _analysis(out, m, corruption)
+            if not kinds:
+                rows.append(f"| {_label(m)} | {corruption} | not run at this configuration | | | | | | |")
                 continue
             done = "" if (out / m / corruption / "meta.json").is_file() else ", partial run"
-            for kind, s in r.get("pooled", {}).items():
-                rows.append(f"| {m} ({r['n_layers']} layers{done}) | {corruption} | {kind}"
-                            f"{'' if kind.startswith(('state', 'severed')) else ' (window ' + str(r['window']) + ')'} "
-                            f"| {s['n_facts']} | {_pct(s['clean'])} | {_pct(s['corrupt'])} | "
-                            f"{_pct(s['total_effect'], s.get('total_effect_ci'))} | "
-                            f"{_peak(s, 'last_subject', r['n_layers'])} | {_peak(s, 'last', r['n_layers'])} |")
+            base = next(iter(kinds.values()))
+            idx = draws(base.relations, seed=0)
+            clean = np.array([f["clean"] for x in r["per_relation"] if x["kind"] == "state" and x.get("facts")
+                              and x["relation"] in set(base.relations) for f in x["facts"]])
+            corrupt = np.array([f["corrupt"] for x in r["per_relation"] if x["kind"] == "state" and x.get("facts")
+                                and x["relation"] in set(base.relations) for f in x["facts"]])
+            te = [float(np.mean((clean - corrupt)[i])) for i in idx]
+            from mechfact.probes.trace_tests import _interval
+
+            for kind, t in kinds.items():
+                rows.append(f"| {_label(m)} ({r['n_layers']} layers{done}) | {corruption} | {KIND_NAMES[kind]} | "
+                            f"{t.ie.shape[0]} / {len(set(t.relations))} | {_pct(clean.mean())} | "
+                            f"{_pct(corrupt.mean())} | {_pct(float((clean - corrupt).mean()), _interval(np.array(te)))} "
+                            f"| {_peak_cell(t, 'last_subject', idx)} | {_peak_cell(t, 'last', idx)} |")
     return "\n".join(rows)
 
 
-def statements(out: Path) -> str:
-    """Computed from the pooled curves: the early-layer effect at the last subject token restored alone and with
-    that token's MLPs / attention severed (the published result: severing MLPs removes it, severing attention
-    does not), and where the last token takes over."""
+def tests_table(out: Path) -> str:
+    """Each GPT-2 XL claim as a test on each model's noise traces (the rules of
+    :data:`mechfact.probes.trace_tests.RULES`, fixed before the runs)."""
+    from mechfact.probes.trace_tests import MLP0_RULE, RULES
+
+    rows = ["| claim (GPT-2 XL, Meng et al. 2022) | statistic | rule: holds when the 95% interval is | model | "
+            "facts / relations | value [95%] | verdict |", "|---|---|---|---|---|---|---|"]
+    for rule in (*RULES, MLP0_RULE):
+        name, claim, statistic, side, thr = rule
+        where = f"inside [{thr[0]}, {thr[1]}]" if side == "inside" else f"above {thr}"
+        for m in MODELS:
+            _, _, tests = _analysis(out, m, "noise")
+            x = tests.get(name)
+            if x is None:
+                continue
+            ci = x["ci"]
+            val = f"{x['value']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else
+                                         " (no interval: fewer than 5 relations)")
+            rows.append(f"| {claim} | {statistic} | {where} | {_label(m)} | {x['n_facts']} / {x['n_relations']} "
+                        f"| {val} | {x['verdict']} |")
+    return "\n".join(rows)
+
+
+def corruptions(out: Path) -> str:
+    """The last subject token's state peak under the two corruptions, each with its interval over draws."""
+    from mechfact.probes.trace_tests import draws, peak
+
     lines = []
     for m in MODELS:
-        r = _read(out / m / "noise" / "result.json")
-        pooled = (r or {}).get("pooled", {})
-        if "state" not in pooled:
-            continue
-        L = r["n_layers"]
-        early = range(0, max(1, L // 4))
-
-        def mean_early(kind):
-            rows = {x["layer"]: x["aie"] for x in pooled[kind]["aie"]["last_subject"] if x["aie"] is not None}
-            return sum(rows[l] for l in early if l in rows) / len(early)
-        parts = [f"restored alone {100 * mean_early('state'):.1f}%"]
-        for k in ("severed_mlp", "severed_attn"):
-            if k in pooled:
-                parts.append(f"with {k.split('_')[1].upper()} severed {100 * mean_early(k):.1f}% "
-                             f"({pooled[k]['n_facts']} facts)")
-        last = [x for x in pooled["state"]["aie"]["last"] if x["aie"] is not None]
-        top = max(x["aie"] for x in last)
-        handoff = next((x["layer"] for x in last if x["aie"] >= top / 2), None)
-        lines.append(f"- {m}: mean indirect effect of the last subject token's state over layers 0-{early[-1]} "
-                     f"({pooled['state']['n_facts']} facts): {', '.join(parts)}; the last token's state reaches half "
-                     f"its peak at layer {handoff} of {L}.")
-        rep = ((_read(out / m / "replace" / "result.json") or {}).get("pooled") or {}).get("state")
-        if rep and rep.get("peak_last_subject") and pooled["state"].get("peak_last_subject"):
-            a, b = pooled["state"]["peak_last_subject"], rep["peak_last_subject"]
-            lines.append(f"- {m}, the two corruptions: the last subject token's state peaks at layer {a['layer']} "
-                         f"({100 * a['aie']:.1f}%) under noise and at layer {b['layer']} ({100 * b['aie']:.1f}%) "
-                         f"under token replacement ({rep['n_facts']} facts), total effects "
-                         f"{100 * pooled['state']['total_effect']:.1f}% and {100 * rep['total_effect']:.1f}%.")
-    return "\n".join(lines)
-
-
-BUCKET_NAMES = {"first_subject": "first subject token", "middle_subject": "middle subject tokens",
-                "last_subject": "last subject token", "first_after": "first token after the subject",
-                "further": "further tokens", "last": "last token"}
-
-
-def _strongest(summary: dict) -> tuple[str, dict]:
-    """(bucket, its peak) of the token bucket whose best layer has the largest average indirect effect."""
-    peaks = {b: summary[f"peak_{b}"] for b in BUCKET_NAMES if summary.get(f"peak_{b}")}
-    b = max(peaks, key=lambda k: peaks[k]["aie"])
-    return b, peaks[b]
-
-
-def _early_mean(pooled: dict, kind: str, L: int) -> float:
-    early = range(0, max(1, L // 4))
-    rows = {x["layer"]: x["aie"] for x in pooled[kind]["aie"]["last_subject"] if x["aie"] is not None}
-    return sum(rows[l] for l in early if l in rows) / len(early)
-
-
-def comparison(out: Path) -> str:
-    """Each model against the three parts of the published GPT-2 XL pattern, by stated rules: (1) the MLP effect
-    is strongest at the last subject token, at an early-middle depth (0.15-0.55 of the depth; GPT-2 XL 0.35);
-    (2) the attention effect is strongest at the last token, in the later half; (3) severing the last subject
-    token's later MLPs removes most (> half) of its early-layer effect while severing attention keeps more than
-    half of it."""
-    lines = []
-    for m in MODELS:
-        r = _read(out / m / "noise" / "result.json")
-        pooled = (r or {}).get("pooled", {})
-        if not all(k in pooled for k in ("state", "mlp", "attn")):
-            continue
-        L = r["n_layers"]
         said = []
-        b, pk = _strongest(pooled["mlp"])
-        depth = max(pk["layer"], 0) / L
-        where = "agrees" if b == "last_subject" else f"differs: strongest at the {BUCKET_NAMES[b]}"
-        when = ("agrees" if 0.15 <= depth <= 0.55 else
-                f"differs: {'earlier' if depth < 0.15 else 'later'} than early-middle")
-        said.append(f"MLP: strongest at the {BUCKET_NAMES[b]}, layer {pk['layer']} ({depth:.2f} of the depth, "
-                    f"{_pct(pk['aie'], pk['aie_ci'])}); place {where}; depth {when}")
-        b, pk = _strongest(pooled["attn"])
-        depth = max(pk["layer"], 0) / L
-        ok = b == "last" and depth >= 0.5
-        said.append(f"attention: strongest at the {BUCKET_NAMES[b]}, layer {pk['layer']} ({depth:.2f} of the depth, "
-                    f"{_pct(pk['aie'], pk['aie_ci'])}); {'agrees' if ok else 'differs'}")
-        if "severed_mlp" in pooled and "severed_attn" in pooled:
-            alone, mlp, attn = (_early_mean(pooled, k, L) for k in ("state", "severed_mlp", "severed_attn"))
-            ok_mlp, ok_attn = mlp < alone / 2, attn > alone / 2
-            verdict = ("agrees" if ok_mlp and ok_attn else
-                       "differs: severing attention removes it too" if ok_mlp else
-                       "differs: severing the MLPs does not remove it")
-            said.append(f"severing, early layers at the last subject token: {100 * alone:.1f}% alone, "
-                        f"{100 * mlp:.1f}% with MLPs severed, {100 * attn:.1f}% with attention severed; {verdict}")
-        lines.append(f"- {m} ({pooled['state']['n_facts']} facts): " + "; ".join(said) + ".")
+        for corruption in ("noise", "replace"):
+            _, kinds, _ = _analysis(out, m, corruption)
+            t = kinds.get("state")
+            if t is None:
+                continue
+            p = peak(t, "last_subject", draws(t.relations, seed=0))
+            said.append(f"{corruption}: layer {p['layer']} (mode {p['mode']}, 95% of draws in layers "
+                        f"{p['layer_ci'][0]}-{p['layer_ci'][1]}; {t.ie.shape[0]} facts, "
+                        f"{len(set(t.relations))} relations)")
+        if said:
+            lines.append(f"- {_label(m)}: the last subject token's state peaks at " + "; ".join(said) + ".")
     return "\n".join(lines)
 
 
 def counts_table(out: Path) -> str:
-    rows = ["| model | relation | samples | known (zero-shot) | traced |", "|---|---|---|---|---|"]
+    rows = ["| model | relation | samples | top-1 a prefix of the object (the LRE rule) | top-1 spells the object "
+            "(traced rule) | traced |", "|---|---|---|---|---|---|"]
     for m in MODELS:
         r = _read(out / m / "noise" / "result.json")
         seen = set()
+        tot = [0, 0, 0, 0]
         for x in (r or {}).get("per_relation", []):
             if x["relation"] in seen:
                 continue
             seen.add(x["relation"])
-            rows.append(f"| {m} | {x['relation']} | {x['n_samples']} | {x['n_known']} | {x['n_traced']} |")
+            n = [x["n_samples"], x.get("n_known_prefix", x["n_known"]), x.get("n_known_spells", x["n_known"]),
+                 x["n_traced"]]
+            tot = [a + b for a, b in zip(tot, n)]
+            rows.append(f"| {_label(m)} | {x['relation']} | " + " | ".join(map(str, n)) + " |")
+        if seen:
+            rows.append(f"| {_label(m)} | all {len(seen)} | " + " | ".join(f"**{v}**" for v in tot) + " |")
     return "\n".join(rows)
 
 
@@ -261,31 +311,50 @@ def facts_table(out: Path) -> str:
 DOC_HEAD = """# Where models recall a fact: causal tracing
 
 This page is written by `python -m probes.tracing_study --out docs/runs/trace --doc docs/results_trace.md` from
-the run files under `docs/runs/trace` alone (`python -m probes.tracing_study --run` makes the run folders under
-`runs/trace`; `--export docs/runs/trace` copies their JSON). Protocol (Meng et al. 2022, "Locating and Editing
-Factual Associations in GPT"): zero-shot prompts of the facts a model knows (its top-1 token is a prefix of the
-object); the subject tokens' embeddings corrupted by Gaussian noise of 3 x their standard deviation (10 draws
-shared by every restoration), or the subject replaced by another of the same token length (Zhang & Nanda,
-"Towards Best Practices of Activation Patching"); one clean piece restored per cell: the residual state after a
-block (`state`; layer -1 / emb: the embedding), or the MLP / attention outputs of a window of layers (10 of 48
-scaled to the depth); `severed_*`: the state restored with the later MLP / attention outputs at that token held
-at their corrupted values. Metric: the probability of the clean top-1 token. Intervals: 95% bootstrap over facts.
-A partial run pools, per kind, the facts of the relations it has finished (so the counts differ between kinds);
-the peaks are the best layer of the average curve, with that layer's interval (a best-of-layers value).
+the run files under `docs/runs/trace` alone. `python -m probes.tracing_study --run --lre-data DIR` makes the run
+folders under `runs/trace` with the page's configuration as its defaults (DIR: the LRE authors' `data/` folder,
+github evandez/relations); `--export docs/runs/trace` copies their JSON.
+
+Protocol (Meng et al. 2022, "Locating and Editing Factual Associations in GPT"), on the shipped factual relations
+and the LRE authors' factual files, zero-shot prompts:
+
+- **Facts traced**: those whose top-1 token *spells* the object: the decoded token, stripped, is a prefix of the
+  object that is the whole object or at least two characters long, and not a generic word (articles,
+  prepositions: " the" before "the United States" does not count). The tracing authors trace facts whose
+  prediction IS the attribute; the LRE authors' looser first-token prefix rule is counted beside it. At most
+  `MAX_FACTS` known facts per relation, a seeded choice.
+- **Noise**: Gaussian noise on the subject tokens' embeddings, scale 3 x ONE standard deviation measured over the
+  subject-token embeddings of every known fact of the model (as the tracing authors), 10 draws per fact shared by
+  every restoration; **replace**: the subject swapped for another of the same token length, 5 per fact (Zhang &
+  Nanda, "Towards Best Practices of Activation Patching").
+- **Restorations**: the residual state after a block (`state`; layer -1 / emb: the embedding); the MLP / attention
+  outputs of a window of w layers (10 of 48 scaled to the depth); the MLP output of one layer (window 1); the
+  window-w MLP restoration with MLP 0 never copied back (an effect that sits in MLP 0 alone -- the detokenising
+  MLP under embedding noise -- vanishes there); `severed_*`: the state restored with the later MLP / attention
+  outputs at that token held at their corrupted values. Metric: the probability of the clean top-1 token.
+- **Intervals**: 95%, from one bootstrap that resamples RELATIONS (a relation's facts stay together; 2000 draws);
+  every statistic of a model is computed on the same draws, so differences and ratios are paired. A peak is a
+  distribution: the full-data peak layer (its depth), the 95% interval of the peak layer over draws, the peak's
+  AIE with its interval (a best-of-layers value in every draw). A partial run counts the relations every kind has
+  finished.
 """
 
 
 def write_doc(out: Path, path: Path) -> None:
+    from mechfact.probes.trace_tests import MIN_RELATIONS, early_layers
     from mechfact.runs import atomic_path
 
-    parts = [DOC_HEAD, "## Pretrained models beside GPT-2 XL\n", llm_table(out), "",
-             "What the curves say (computed from them):\n", statements(out), "",
-             "Beside the published pattern, by the rules of `comparison` in the page's script: (1) the MLP "
-             "effect is strongest at the last subject token at an early-middle depth (0.15-0.55 of the depth; "
-             "GPT-2 XL: layer 17 of 48, 0.35); (2) the attention effect is strongest at the last token in the "
-             "later half; (3) severing the last subject token's later MLPs removes more than half of its "
-             "early-layer effect while severing attention keeps more than half (Meng et al., Figure 3). The "
-             "peaks are best-of-layers values.\n", comparison(out), "",
+    head = DOC_HEAD.replace("`MAX_FACTS`", str(MAX_FACTS))
+    parts = [head, "## Pretrained models beside GPT-2 XL\n", llm_table(out), "",
+             "## Each published claim as a test\n",
+             "Fixed before the runs (`mechfact.probes.trace_tests.RULES`): each claim of the GPT-2 XL pattern, the "
+             "statistic that decides it and the side of the threshold its 95% relation-clustered interval must lie "
+             "on. **holds**: the whole interval on the claim's side; **does not**: wholly on the other side; "
+             "**undecided**: the interval straddles the threshold. Early layers (severing): the first quarter of "
+             f"the depth ({', '.join(f'{m}: 0-{early_layers(n)[-1]}' for m, n in _depths(out))}). Fewer than "
+             f"{MIN_RELATIONS} relations: no interval. Every test run is listed, on every model with a noise "
+             "run.\n", tests_table(out), "",
+             "## The two corruptions\n", corruptions(out), "",
              "## Facts traced\n", counts_table(out), "",
              "## Fact models: where the construction stores and selects\n",
              "Window 1 (one layer). The construction puts each subject's attributes in its embedding, attention "
@@ -299,9 +368,13 @@ def write_doc(out: Path, path: Path) -> None:
              facts_table(out), ""]
     for m in MODELS:
         if (out / m / "noise" / "result.json").is_file():
-            parts.append(f"![{m}](img/trace_{m}.png)\n")
+            parts.append(f"![{_label(m)}](img/trace_{m}.png)\n")
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(parts))
+
+
+def _depths(out: Path) -> list[tuple[str, int]]:
+    return [(_label(m), r["n_layers"]) for m in MODELS if (r := _read(out / m / "noise" / "result.json"))]
 
 
 def figures(out: Path, img: Path) -> None:
@@ -318,7 +391,11 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="runs/trace")
     ap.add_argument("--run", action="store_true", help="run what is missing first")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--max-facts", type=int, default=8, help="known facts traced per relation (default 8)")
+    ap.add_argument("--max-facts", type=int, default=MAX_FACTS,
+                    help=f"known facts traced per relation (default {MAX_FACTS})")
+    ap.add_argument("--lre-data", default=None, metavar="DIR",
+                    help="with --run: the LRE authors' data folder (github evandez/relations, data/)")
+    ap.add_argument("--workers", type=int, default=1, help="with --run: Ray workers per run (default 1: in process)")
     ap.add_argument("--export", default=None, metavar="DIR", help="copy the run JSON to DIR (e.g. docs/runs/trace)")
     ap.add_argument("--doc", default=None, metavar="MD", help="write the page there (e.g. docs/results_trace.md)")
     ap.add_argument("--img", default="docs/img")
@@ -328,7 +405,7 @@ def main(argv=None) -> None:
     if bad:
         ap.error(f"--models {' '.join(bad)}: allowed {', '.join(MODELS)}")
     if a.run:
-        run(out, [m for m in a.models if _installed(m)], a.max_facts)
+        run(out, [m for m in a.models if _installed(m)], a.max_facts, a.lre_data, a.workers)
     if a.export:
         from probes.families import export
 

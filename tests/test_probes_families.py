@@ -4,6 +4,8 @@ degenerate relations out of the means, Spearman against the published numbers wi
 import json
 import shutil
 
+import numpy as np
+
 import pytest
 
 from mechfact.llm.lre_authors import AUTHORS_BETAS
@@ -38,18 +40,18 @@ def test_model_beta_is_chosen_on_training_facts_and_spearman_uses_it(tmp_path):
     for k, n in enumerate(names):
         g = F.PUBLISHED[n][0]
         rows.append(_row(n, lambda b, g=g: g if b == 1.0 else 1 - g, 1.0 if k % 4 else 3.0))
-    _write(tmp_path, "smollm2-135m", rows)
+    _write(tmp_path, "smollm2-135m-instruct", rows)
     sp = {r["reference"]: r for r in F.spearman_rows(tmp_path)}
     assert sp["GPT-J"]["rho"] == pytest.approx(1.0) and sp["GPT-J"]["rho_n"] == 12
     assert sp["GPT-J"]["p_value"] < 0.01 and sp["GPT-J"]["rho_ci"][0] > 0.8
     table = F.lre_table(tmp_path, "factual")
-    assert "at the model beta 1.0" in table and "Spearman smollm2-135m vs GPT-J (12 relations): rho 1.00" in table
+    assert "at the model beta 1.0" in table and "Spearman smollm2-135m-instruct vs GPT-J (12 relations): rho 1.00" in table
 
 
 def test_degenerate_relations_are_marked_and_left_out_of_the_means(tmp_path):
     rows = [_row("country capital city", lambda b: 0.5, 2.25), _row("landmark on continent", lambda b: 1.0, 2.25,
                                                                      degenerate=True)]
-    _write(tmp_path, "smollm2-135m", rows)
+    _write(tmp_path, "smollm2-135m-instruct", rows)
     table = F.lre_table(tmp_path, "factual")
     assert "degenerate (one object)" in table
     assert "1 relations scored and not degenerate (1 degenerate)" in table
@@ -61,7 +63,7 @@ def test_a_relation_the_bias_alone_solves_is_degenerate_too(tmp_path):
     ok = _row("country capital city", lambda b: 0.5, 2.25)
     const = {**_row("person university", lambda b: 0.9, 2.25), "n_objects_test": 12,
              "faithfulness_bias_only": 1.0}
-    _write(tmp_path, "smollm2-135m", [ok, const])
+    _write(tmp_path, "smollm2-135m-instruct", [ok, const])
     table = F.lre_table(tmp_path, "factual")
     assert "degenerate (the bias alone is right on every test fact)" in table
     assert "1 relations scored and not degenerate (1 degenerate)" in table and "F at beta 2.25 0.50" in table
@@ -78,14 +80,14 @@ def test_exported_runs_rebuild_the_same_page_without_machine_paths(tmp_path):
     from the copy equals the page built from the run folders."""
     runs, dest = tmp_path / "runs", tmp_path / "docs" / "runs"
     data = str(tmp_path / "private" / "lre" / "factual")
-    _write(runs, "smollm2-135m", [_row("country capital city", lambda b: 0.5, 2.25)])
-    folder = runs / "smollm2-135m" / "lre_authors_factual"
+    _write(runs, "smollm2-135m-instruct", [_row("country capital city", lambda b: 0.5, 2.25)])
+    folder = runs / "smollm2-135m-instruct" / "lre_authors_factual"
     (folder / "config.json").write_text(json.dumps({"kind": "llm.lre", "config": {"relations": data}, "seed": 0}))
     (folder / "meta.json").write_text(json.dumps({"wall_time_s": 1.0}))
     (folder / ".lock").write_text("x")
     (folder / "fig_lre.png").write_bytes(b"png")
     assert F.export(runs, dest) == 3
-    copied = dest / "smollm2-135m" / "lre_authors_factual"
+    copied = dest / "smollm2-135m-instruct" / "lre_authors_factual"
     assert sorted(p.name for p in copied.iterdir()) == ["config.json", "meta.json", "result.json"]
     assert json.loads((copied / "config.json").read_text())["config"]["relations"] == f"{F.DATA_NAME}/factual"
     assert str(tmp_path) not in "".join(p.read_text() for p in copied.iterdir())
@@ -111,45 +113,6 @@ def test_the_results_pages_are_what_their_command_writes_from_the_shipped_runs(m
     assert (tmp_path / "page.md").read_text() == (root / page).read_text()
 
 
-def _fake_trace(folder, mlp_bucket: str, mlp_layer: int, attn_bucket: str, attn_layer: int, severed: tuple):
-    """A pooled noise trace of a 20-layer model whose MLP / attention peaks and severed effects are set."""
-    buckets = ("first_subject", "middle_subject", "last_subject", "first_after", "further", "last")
-
-    def summary(peak_bucket, peak_layer, early=0.0):
-        out = {"n_facts": 8, "aie": {b: [{"layer": l, "aie": early if b == "last_subject" and l < 5 else 0.01}
-                                         for l in range(20)] for b in buckets}}
-        for b in buckets:
-            out[f"peak_{b}"] = {"layer": 0, "aie": 0.01, "aie_ci": [0.0, 0.02]}
-        out[f"peak_{peak_bucket}"] = {"layer": peak_layer, "aie": 0.3, "aie_ci": [0.2, 0.4]}
-        return out
-
-    pooled = {"state": summary("last", 15, early=0.4), "mlp": summary(mlp_bucket, mlp_layer),
-              "attn": summary(attn_bucket, attn_layer), "severed_mlp": summary("last", 19, early=severed[0]),
-              "severed_attn": summary("last", 19, early=severed[1])}
-    folder.mkdir(parents=True)
-    (folder / "result.json").write_text(json.dumps({"n_layers": 20, "pooled": pooled}))
-
-
-def test_the_trace_page_states_agreement_by_its_rules_on_both_sides(tmp_path):
-    """GPT-2 XL's pattern (MLP at the last subject token, early-middle; attention at the last token, later;
-    severing MLPs, not attention, removes the early effect) reads "agrees"; each part broken reads "differs"."""
-    from probes import tracing_study as T
-
-    _fake_trace(tmp_path / "a" / "smollm2-135m" / "noise", "last_subject", 7, "last", 14, (0.05, 0.35))
-    text = T.comparison(tmp_path / "a")
-    assert text.count("agrees") == 4 and "differs" not in text, text
-    assert "layer 7 (0.35 of the depth" in text and "40.0% alone, 5.0% with MLPs severed" in text, text
-    _fake_trace(tmp_path / "b" / "smollm2-135m" / "noise", "first_subject", 1, "last_subject", 6, (0.3, 0.1))
-    text = T.comparison(tmp_path / "b")
-    assert "place differs: strongest at the first subject token" in text, text
-    assert "depth differs: earlier than early-middle" in text, text
-    assert "layer 6 (0.30 of the depth, 30.0% [20.0, 40.0]); differs" in text, text
-    assert "differs: severing the MLPs does not remove it" in text, text
-    _fake_trace(tmp_path / "c" / "smollm2-135m" / "noise", "last_subject", 14, "last", 14, (0.05, 0.1))
-    text = T.comparison(tmp_path / "c")
-    assert "depth differs: later than early-middle" in text and "severing attention removes it too" in text, text
-
-
 def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
     """--run --resume-from: an exported unfinished LRE run continues on a machine whose data folder is elsewhere
     (the config names that folder, its hash recomputed, the rows kept); a folder already in --out is not touched;
@@ -157,8 +120,8 @@ def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
     from mechfact.runs import ELAPSED, RunDir
 
     def rundir(out, data):
-        return RunDir(out / "qwen2.5-0.5b" / "lre_authors_factual", {"relations": str(data / "factual"), "rank": 64},
-                      kind="llm.lre", seed=0, device="cpu", model_id="qwen2.5-0.5b:abc")
+        return RunDir(out / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual", {"relations": str(data / "factual"), "rank": 64},
+                      kind="llm.lre", seed=0, device="cpu", model_id="qwen2.5-coder-0.5b-instruct:abc")
 
     runs, shipped, out = tmp_path / "runs", tmp_path / "docs" / "fam", tmp_path / "again"
     run = rundir(runs, tmp_path / "first" / "lre")
@@ -167,14 +130,14 @@ def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
     with pytest.raises(ValueError, match="different config"):  # the shipped files as they are: another path
         shutil.copytree(shipped, tmp_path / "raw")
         rundir(tmp_path / "raw", tmp_path / "second" / "lre").read_result({"per_relation": []})
-    assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == ["qwen2.5-0.5b/lre_authors_factual"]
+    assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == ["qwen2.5-coder-0.5b-instruct/lre_authors_factual"]
     again = rundir(out, tmp_path / "second" / "lre")
     assert again.read_result({"per_relation": []})["per_relation"][0]["faithfulness"] == 0.5
-    spent = json.loads((shipped / "qwen2.5-0.5b" / "lre_authors_factual" / ELAPSED).read_text())["wall_time_s"]
+    spent = json.loads((shipped / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / ELAPSED).read_text())["wall_time_s"]
     assert again.wall_time_s() >= spent  # the time already spent is carried over
-    (out / "qwen2.5-0.5b" / "lre_authors_factual" / "result.json").write_text("{}")
+    (out / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / "result.json").write_text("{}")
     assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == []
-    assert (out / "qwen2.5-0.5b" / "lre_authors_factual" / "result.json").read_text() == "{}"
+    assert (out / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / "result.json").read_text() == "{}"
     with pytest.raises(SystemExit):
         F.main(["--out", str(out), "--resume-from", str(shipped)])
     assert "--resume-from needs --run" in capsys.readouterr().err
@@ -209,14 +172,14 @@ def test_run_status_says_how_far_a_relation_stopped_part_way_got(tmp_path):
     from mechfact.llm import lre_authors as A
     from mechfact.llm.lre import TRIALS_DIR
 
-    _write(tmp_path, "qwen2.5-0.5b", [_row("a", lambda b: 0.5, 1.0)])
-    trials = tmp_path / "qwen2.5-0.5b" / "lre_authors_factual" / TRIALS_DIR
+    _write(tmp_path, "qwen2.5-coder-0.5b-instruct", [_row("a", lambda b: 0.5, 1.0)])
+    trials = tmp_path / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / TRIALS_DIR
     trials.mkdir()
     key = {"relation": "landmark on continent", "config": {"n_trials": 8}}
     A._save_trials(trials / "landmark_on_continent-0123abcd.npz", key, 3, {}, A._Outcomes(1, 8, 4), set(), set(),
                    [])
     (trials / "damaged-00000000.npz").write_bytes(b"not an npz")
-    status = F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual")
+    status = F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual")
     assert status.startswith("partial") and status.endswith("; landmark on continent at 3 of 8 trials"), status
     assert A.trials_kept(trials / "damaged-00000000.npz") is None
 
@@ -224,30 +187,30 @@ def test_run_status_says_how_far_a_relation_stopped_part_way_got(tmp_path):
 def test_run_status_counts_relations_against_every_model_and_every_request(tmp_path):
     """A model whose folders are finished but hold fewer relations than another model's (or than a folder's
     --relation-names asks for) is not reported as finished; a cap on causality edits shows in the cell."""
-    _write(tmp_path, "smollm2-135m", [_row(n, lambda b: 0.5, 1.0) for n in ("a", "b")])
+    _write(tmp_path, "smollm2-135m-instruct", [_row(n, lambda b: 0.5, 1.0) for n in ("a", "b")])
     _write(tmp_path, "gemma3-270m", [_row("a", lambda b: 0.5, 1.0)])
-    asked = tmp_path / "qwen2.5-0.5b" / "lre_authors_factual_big"
+    asked = tmp_path / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual_big"
     asked.mkdir(parents=True)
     (asked / "result.json").write_text(json.dumps({"per_relation": []}))
     (asked / "config.json").write_text(json.dumps({"kind": "llm.lre", "seed": 0,
                                                    "config": {"relation_names": ["a", "b", "c"]}}))
     for m in F.MODELS[:2]:
         (tmp_path / m / "lre_authors_factual" / "meta.json").write_text("{}")
-    assert F._part_status(tmp_path, "smollm2-135m", "lre_authors_factual") == "2 of 3 relations (the rest not run)"
+    assert F._part_status(tmp_path, "smollm2-135m-instruct", "lre_authors_factual") == "2 of 3 relations (the rest not run)"
     assert F._part_status(tmp_path, "gemma3-270m", "lre_authors_factual") == "1 of 3 relations (the rest not run)"
-    assert F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual").startswith("partial")
-    assert "0 of 3 relations" in F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual")
+    assert F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual").startswith("partial")
+    assert "0 of 3 relations" in F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual")
     # the stopped folder's relations all ran in another folder: the part is finished, the stopped folder named
-    rest = tmp_path / "qwen2.5-0.5b" / "lre_authors_factual_capped"
+    rest = tmp_path / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual_capped"
     rest.mkdir()
     (rest / "result.json").write_text(json.dumps({"per_relation": [_row(n, lambda b: 0.5, 1.0) for n in "abc"]}))
     (rest / "meta.json").write_text("{}")
-    assert F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual") == \
+    assert F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual") == \
         "finished (1 folder stopped early, what it left ran in another), 3 relations, 2 folders"
     rest.joinpath("result.json").write_text(json.dumps({"per_relation": [_row("a", lambda b: 0.5, 1.0)]}))
-    assert F._part_status(tmp_path, "qwen2.5-0.5b", "lre_authors_factual").startswith("partial")
+    assert F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual").startswith("partial")
     (asked / "config.json").unlink()
-    assert F._part_status(tmp_path, "smollm2-135m", "lre_authors_factual") == "finished, 2 relations"
+    assert F._part_status(tmp_path, "smollm2-135m-instruct", "lre_authors_factual") == "finished, 2 relations"
     assert "≤64 edits/trial" in F._lre_cell({**_row("a", lambda b: 0.5, 1.0), "max_causality": 64})
     assert "edits/trial" not in F._lre_cell(_row("a", lambda b: 0.5, 1.0))
 
@@ -295,22 +258,41 @@ def test_run_plan_finishes_a_split_part_without_running_a_relation_twice(tmp_pat
         (out / m / "lre_authors_linguistic", ["llm", "lre", "--model", m, "--relations", str(data / "linguistic")])]
 
 
-def test_the_lre_means_say_where_a_constant_answer_beats_the_lre():
-    """F(β*) against the majority object per relation: above / overlapping / below by the 95% intervals, the
-    relations below named; degenerate and unscored relations left out."""
-    def row(name, f, m, **kw):
-        return {"relation": name, "faithfulness": f[0], "faithfulness_model_beta": f[0],
-                "faithfulness_model_beta_ci": list(f[1:]), "majority_baseline": m[0],
-                "majority_baseline_ci": list(m[1:]), "n_objects_test": 5, **kw}
+def test_the_paired_test_says_an_lre_no_better_than_a_constant_does_not_beat_it():
+    """F(β*) against the constant answers as a paired test over relations: an LRE whose F equals the bias alone
+    (the LRE's own constant answer) relation by relation -- however high both are -- does not beat it, although
+    the two means' marginal intervals would be read as 'overlapping' either way; F a fixed 0.2 above the majority
+    object on every relation beats it; a constant above F on every relation beats F."""
+    rng = np.random.default_rng(0)
+    rows = {}
+    for m in F.MODELS:
+        rows[m] = {}
+        for k in range(12):
+            f = float(rng.uniform(0.3, 0.9))
+            rows[m][f"rel{k}"] = {"relation": f"rel{k}", "part": "factual", "faithfulness": f,
+                                  "faithfulness_model_beta": f, "faithfulness_bias_only": f + rng.normal(0, 0.02),
+                                  "majority_baseline": f - 0.2 if m != F.MODELS[2] else f + 0.2,
+                                  "n_objects_test": 5}
+    table = F.paired_table(rows)
+    line = {m: next(l for l in table.splitlines() if l.startswith(f"| {m} | 12 (own)")) for m in F.MODELS}
+    assert line[F.MODELS[0]].split(" | ")[3].startswith("+0.20 [+0.20, +0.20], p < 0.001, beats it")
+    assert line[F.MODELS[0]].split(" | ")[4].rstrip(" |").endswith("does not beat it"), line[F.MODELS[0]]
+    assert line[F.MODELS[2]].split(" | ")[3].rstrip(" |").endswith("the constant beats it"), line[F.MODELS[2]]
+    assert "12 (common)" in table
 
-    xs = [row("up", (0.8, 0.7, 0.9), (0.2, 0.1, 0.3)), row("tie", (0.5, 0.4, 0.6), (0.55, 0.5, 0.6)),
-          row("down", (0.3, 0.2, 0.4), (0.8, 0.7, 0.9)),
-          row("constant", (1.0, 1.0, 1.0), (0.1, 0.0, 0.2), faithfulness_bias_only=1.0),
-          {"relation": "unknown", "faithfulness": None}]
-    line = F._vs_majority(xs)
-    assert "above on 1 of 3, overlapping on 1, below on 1 (down)" in line
-    assert F._vs_majority(xs[:1]).endswith("above on 1 of 1, overlapping on 0, below on 0")
-    assert F._vs_majority(xs[3:]) == ""
+
+def test_holm_adjusts_every_spearman_test_of_the_page_and_partial_rho_is_reported(tmp_path):
+    names = [n for n, (g, _) in F.PUBLISHED.items() if g is not None][:12]
+    rows = [_row(n, lambda b, g=F.PUBLISHED[n][0]: g if b == 1.0 else 1 - g, 1.0) for n in names]
+    for r, k in zip(rows, range(12)):
+        r["n_objects_test"] = 3 + k
+    _write(tmp_path, "smollm2-135m-instruct", rows)
+    fam = F.spearman_family(tmp_path)
+    from mechfact import stats
+
+    assert [r["p_holm"] for r in fam] == stats.holm([r["p_value"] for r in fam]) and len(fam) == 2
+    assert all(r["p_holm"] >= r["p_value"] for r in fam) and fam[0]["partial_rho"] is not None
+    assert "Holm" in F.lre_table(tmp_path, "factual") and "partial rho (objects)" in F.lre_table(tmp_path, "factual")
 
 
 def test_the_layer_sweep_table_shows_the_train_chosen_layers_with_intervals_and_f_at_the_causality_layer(tmp_path):
@@ -319,21 +301,21 @@ def test_the_layer_sweep_table_shows_the_train_chosen_layers_with_intervals_and_
     row = {"relation": "r", "beta": 2.25, "n_test": 12, "n_trials": 8, "max_causality": 64, "layer": 9, "edit_layer": 3,
            "faithfulness_train_beta": 0.8, "faithfulness_train_beta_ci": [0.7, 0.9], "causality": 0.2,
            "causality_ci": [0.1, 0.3], "majority_baseline": 0.75, "by_layer": by_layer}
-    folder = tmp_path / "smollm2-135m" / "lre_layers_factual"
+    folder = tmp_path / "smollm2-135m-instruct" / "lre_layers_factual"
     folder.mkdir(parents=True)
     (folder / "result.json").write_text(json.dumps({"per_relation": [row]}))
     line = F.lre_sweep_table(tmp_path).splitlines()[-1]
-    assert line == ("| r | smollm2-135m | 12×8, ≤64 edits/trial | 3: 0.60, 9: 0.80 | 3: 0.20, 9: 0.40 | "
+    assert line == ("| r | smollm2-135m-instruct | 12×8, ≤64 edits/trial | 3: 0.60, 9: 0.80 | 3: 0.20, 9: 0.40 | "
                     "9: 0.80 [0.70, 0.90] / 3: 0.20 [0.10, 0.30] | 0.50 (beta 2.25) | 0.75 |")
 
 
 def test_the_layer_sweep_table_puts_each_relations_models_side_by_side(tmp_path):
     by_layer = [{"layer": 3, "faithfulness": 0.5, "faithfulness_train_beta": 0.6, "causality": 0.2}]
-    for m, names in (("smollm2-135m", ("a", "b")), ("gemma3-270m", ("a", "b"))):
+    for m, names in (("smollm2-135m-instruct", ("a", "b")), ("gemma3-270m", ("a", "b"))):
         folder = tmp_path / m / "lre_layers_factual"
         folder.mkdir(parents=True)
         rows = [{"relation": n, "beta": 2.25, "n_test": 4, "n_trials": 8, "layer": 3, "edit_layer": 3,
                  "by_layer": by_layer} for n in names]
         (folder / "result.json").write_text(json.dumps({"per_relation": rows}))
     order = [tuple(c.strip() for c in line.split("|")[1:3]) for line in F.lre_sweep_table(tmp_path).splitlines()[2:]]
-    assert order == [("a", "smollm2-135m"), ("a", "gemma3-270m"), ("b", "smollm2-135m"), ("b", "gemma3-270m")]
+    assert order == [("a", "smollm2-135m-instruct"), ("a", "gemma3-270m"), ("b", "smollm2-135m-instruct"), ("b", "gemma3-270m")]

@@ -167,8 +167,8 @@ def register(subparsers) -> dict:
     p = sub.add_parser("trace", help="causal tracing: where restoring one clean state brings a corrupted fact back")
     p.add_argument("--model", default="default",
                    help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M)")
-    p.add_argument("--relations", default=None, help="relation JSON file or folder of them (default: the shipped "
-                   "dataset)")
+    p.add_argument("--relations", nargs="+", default=None, metavar="SOURCE",
+                   help="relation JSON files or folders of them; 'shipped': the shipped dataset (default: shipped)")
     p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")
     p.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
                    help="what is restored: state (the residual after a block), mlp, attn (a window of layers), "
@@ -194,6 +194,9 @@ def register(subparsers) -> dict:
     p.add_argument("--batch-rows", type=int, default=256, help="rows per forward pass (default 256)")
     p.add_argument("--layers", nargs="+", type=int, default=None, metavar="L",
                    help="the layers traced (default every layer; -1, the embedding, with state)")
+    p.add_argument("--known", default="spells", choices=("spells", "prefix"),
+                   help="facts traced: spells (the top-1 token spells the object; ' the' before 'the United States' "
+                        "does not count; default) or prefix (the LRE authors' first-token prefix match)")
     common_args(p)
     executor_args(p)  # one job per relation; each Ray worker loads the model itself
     return {"llm": _run_llm}
@@ -224,8 +227,8 @@ def _run_llm(a) -> None:
         from ..llm.registry import status
 
         for row in status():
-            print(f"{row['name']:>14}  {'installed' if row['installed'] else 'not installed':<13}  {row['model']}: "
-                  f"{row['note']}\n{'':>16}{row['install']}")
+            print(f"{row['name']:>27}  {'installed' if row['installed'] else 'not installed':<13}  {row['model']}: "
+                  f"{row['note']}\n{'':>29}{row['install']}")
         return
     if a.llm_sub == "trace":
         from ..llm.trace import TraceConfig, run_llm_trace
@@ -234,7 +237,7 @@ def _run_llm(a) -> None:
                           corruption=a.corruption, metric=a.metric, window=a.window, n_draws=a.draws,
                           noise_factor=a.noise_factor, n_replace=a.replacements, max_facts=a.max_facts,
                           k_shot=a.k_shot, template=a.template, dtype=a.dtype, batch_rows=a.batch_rows,
-                          layers=a.layers)
+                          layers=a.layers, known=a.known)
         with make_executor_from(a, "llm trace: relations") as executor:
             run_llm_trace(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress, executor=executor)
     elif a.llm_sub == "superposition":

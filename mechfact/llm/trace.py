@@ -1,8 +1,11 @@
 """Causal-tracing queries from relations of a pretrained model: the facts it knows, as the tracing authors pick
 them.
 
-A fact is traced when the model knows it: the clean prompt's top-1 token is a prefix of the object (the LRE
-authors' match, :func:`mechfact.llm.prompts.prefix_match`). Prompts are zero-shot by default (``k_shot=0``, the
+A fact is traced when the model knows it. ``known="spells"`` (tracing's default): the clean prompt's top-1 token
+spells the object (:func:`mechfact.llm.prompts.spells_object`: a generic first token such as " the" before "the
+United States" does not count -- the tracing authors trace facts whose prediction IS the attribute);
+``known="prefix"``: the LRE authors' match, the top-1 token is a prefix of the object
+(:func:`mechfact.llm.prompts.prefix_match`). Prompts are zero-shot by default (``k_shot=0``, the
 tracing authors' setting: the template with the subject, e.g. "The capital of France is"). For token-replacement
 corruption each fact gets up to ``n_replace`` other subjects of the same relation whose prompt has the same token
 length and the same subject token span (Zhang & Nanda's rule: a subject of the same token length); a fact with
@@ -22,18 +25,22 @@ import torch
 from ..config import DictConfig, check_choice, check_float, check_int
 from ..probes.queries import ProbeSet, predictions
 from ..seeding import derive_seed
-from .prompts import Prompt, check_template, prefix_match, prompt_text, tokenize_prompt
+from .prompts import Prompt, check_template, prefix_match, prompt_text, spells_object, tokenize_prompt
 from .relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
+KNOWN_RULES = ("spells", "prefix")
 
 
 def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed: int = 0,
-                     max_facts: int | None = None, n_replace: int = 0, batch_size: int = 16
-                     ) -> tuple[list[dict], list[dict]]:
+                     max_facts: int | None = None, n_replace: int = 0, batch_size: int = 16,
+                     known: str = "prefix", all_known: list | None = None) -> tuple[list[dict], list[dict]]:
     """(queries, per-relation counts). Each query: ``tokens`` (n,), ``subject`` (first, last), ``index``,
     ``relation``, ``subject_text``, ``object``, and with ``n_replace`` > 0 ``replacements`` (K, n) when any.
-    ``max_facts``: at most this many known facts per relation (the first in a seeded order)."""
+    ``max_facts``: at most this many known facts per relation (the first in a seeded order). ``known``: the rule
+    (module docstring); the counts give both rules' known facts. ``all_known``: a list that receives (tokens,
+    subject span) of EVERY known fact, traced or not (the noise scale is measured over them)."""
+    check_choice("known", known, KNOWN_RULES)
     out, counts = [], []
     for rel in as_relations(relations):
         check_template(rel, template)
@@ -44,7 +51,12 @@ def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed:
             prompts.append((text, a, b, Prompt(text, rel.subjects[i], rel.objects[i], toks, first, last)))
         ps = ProbeSet.from_prompts([p[3] for p in prompts], pad_id=lm.pad_id)
         top = predictions(lm, ps, batch_size=batch_size)
-        known = [i for i in range(len(rel)) if prefix_match(lm.tokenizer, int(top[i]), [rel.objects[i]])]
+        prefix = [i for i in range(len(rel)) if prefix_match(lm.tokenizer, int(top[i]), [rel.objects[i]])]
+        spelled = [i for i in range(len(rel)) if spells_object(lm.tokenizer, int(top[i]), rel.objects[i])]
+        known = spelled if known == "spells" else prefix
+        if all_known is not None:
+            all_known += [(torch.tensor(prompts[i][3].tokens), (prompts[i][3].subject_first,
+                                                                prompts[i][3].subject_last)) for i in known]
         rng = np.random.default_rng(derive_seed(seed, f"llm.trace.{rel.name}"))
         order = [known[k] for k in rng.permutation(len(known))] if max_facts is not None else known
         chosen = sorted(order[:max_facts]) if max_facts is not None else known
@@ -60,7 +72,8 @@ def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed:
                     q["replacements"] = reps
                     n_rep += 1
             out.append(q)
-        counts.append({"relation": rel.name, "n_samples": len(rel), "n_known": len(known), "n_traced": len(chosen),
+        counts.append({"relation": rel.name, "n_samples": len(rel), "n_known": len(known),
+                       "n_known_prefix": len(prefix), "n_known_spells": len(spelled), "n_traced": len(chosen),
                        **({"n_with_replacements": n_rep} if n_replace else {})})
     return out, counts
 
@@ -85,13 +98,16 @@ def _replacements(lm, rel: Relation, i: int, text: str, a: int, b: int, toks: li
 
 # ---- run directory: mechfact llm trace ------------------------------------------------------------------------
 
-TRACE_KINDS = ("state", "mlp", "attn", "severed_mlp", "severed_attn")
+TRACE_KINDS = ("state", "mlp", "attn", "severed_mlp", "severed_attn", "mlp_w1", "mlp_no0")
+# mlp_w1: the MLP output of ONE layer restored (window 1); mlp_no0: the window-w restoration with MLP 0 never copied
+# back, traced on the layers whose window holds layer 0 (elsewhere it equals mlp): an effect that sits in MLP 0
+# alone (the detokenisation MLP under embedding noise) vanishes there.
 
 
 @dataclass
 class TraceConfig(DictConfig):
     model: str = "default"
-    relations: str | None = None  # relation file or folder; None = the shipped dataset
+    relations: str | list[str] | None = None  # relation file(s) or folder(s); None / "shipped" = the shipped dataset
     relation_names: list[str] | None = None
     kinds: list[str] | None = None  # of TRACE_KINDS; None = state, mlp, attn
     corruption: str = "noise"  # noise | replace
@@ -106,8 +122,10 @@ class TraceConfig(DictConfig):
     dtype: str = "float32"
     batch_rows: int = 256
     layers: list[int] | None = None  # the layers traced; None = every layer (and -1, the embedding, for state)
+    known: str = "spells"  # which facts count as known: spells (the prediction spells the object) | prefix
 
     def __post_init__(self) -> None:
+        check_choice("known", self.known, KNOWN_RULES)
         for k in self.kinds or ():
             check_choice("kinds", k, TRACE_KINDS)
         check_choice("corruption", self.corruption, ("noise", "replace"))
@@ -130,37 +148,73 @@ class TraceConfig(DictConfig):
 
 
 def _split_kind(kind: str) -> tuple[str, str | None]:
-    return ("state", kind.split("_", 1)[1]) if kind.startswith("severed_") else (kind, None)
+    return ("state", kind.split("_", 1)[1]) if kind.startswith("severed_") else (kind.split("_", 1)[0], None)
 
 
-def _trace_row(lm, name: str, kind: str, queries: list[dict], counts: list[dict], cfg: TraceConfig, window: int,
-               seed: int, progress: bool = False) -> dict:
-    """One (relation, kind) row: counts, the noise scale, per-fact scores and the summary with intervals."""
+def kind_options(kind: str, window: int, n_layers: int, layers: list[int] | None = None) -> dict:
+    """The :func:`~mechfact.probes.tracing.causal_trace_queries` options of a trace kind (:data:`TRACE_KINDS`)."""
     from ..probes import tracing
 
     base, sever = _split_kind(kind)
+    opts = {"kind": base, "sever": sever, "window": window, "exclude": (), "layers": layers}
+    if kind == "mlp_w1":
+        opts["window"] = 1
+    elif kind == "mlp_no0":
+        touched = [l for l in tracing.traced_layers(n_layers, "mlp", layers)
+                   if 0 in tracing.window_layers(l, window, n_layers)]
+        opts.update(exclude=(0,), layers=touched)
+    return opts
+
+
+def load_sources(relations, names: list[str] | None = None) -> list[Relation]:
+    """Relations from one source or several (files / folders; None or "shipped": the shipped dataset), names
+    unique across them, kept in ``names`` when given."""
+    if not isinstance(relations, (list, tuple)) or (relations and isinstance(relations[0], Relation)):
+        return as_relations(relations, names)
+    rels, seen = [], {}
+    for src in relations:
+        for r in as_relations(None if src in (None, "shipped") else src):
+            if r.name in seen:
+                raise ValueError(f"--relations: relation {r.name!r} is in both {seen[r.name]} and {src}")
+            seen[r.name] = src
+            rels.append(r)
+    if names:
+        unknown = [n for n in names if n not in seen]
+        if unknown:
+            raise ValueError(f"--relation-names {', '.join(unknown)}: not among {', '.join(sorted(seen))}")
+        rels = [r for r in rels if r.name in names]
+    return rels
+
+
+def _trace_row(lm, name: str, kind: str, queries: list[dict], counts: list[dict], cfg: TraceConfig, window: int,
+               seed: int, progress: bool = False, noise: float | None = None) -> dict:
+    """One (relation, kind) row: counts, the noise scale, per-fact scores and the summary with intervals."""
+    from ..probes import tracing
+
+    opts = kind_options(kind, window, lm.n_layers, cfg.layers)
     row = {"relation": name, "kind": kind, **counts[0], "n_traced": len(queries)}
     if not queries:
         logger.warning("%s: no known facts to trace", name)
         return row
-    res = tracing.causal_trace_queries(lm, queries, kind=base, corruption=cfg.corruption, metric=cfg.metric,
-                                       window=window, sever=sever, noise_factor=cfg.noise_factor,
-                                       n_draws=cfg.n_draws, seed=seed, batch_rows=cfg.batch_rows, layers=cfg.layers,
-                                       progress=progress)
-    row.update(noise=res.noise, layers=list(res.layers), summary=res.summary(seed),
+    res = tracing.causal_trace_queries(lm, queries, corruption=cfg.corruption, metric=cfg.metric, noise=noise,
+                                       noise_factor=cfg.noise_factor, n_draws=cfg.n_draws, seed=seed,
+                                       batch_rows=cfg.batch_rows, progress=progress, **opts)
+    row.update(noise=res.noise, window=opts["window"], exclude=list(opts["exclude"]), layers=list(res.layers),
+               summary=res.summary(seed),
                facts=[{**f, "subject_text": q["subject_text"], "object": q["object"]}
                       for f, q in zip(res.to_dict()["facts"], queries)])
     return row
 
 
-def _trace_job(cfg: TraceConfig, window: int, seed: int, job: tuple, rel: Relation, device: str) -> list[dict]:
+def _trace_job(cfg: TraceConfig, window: int, seed: int, noise: float | None, job: tuple, rel: Relation,
+               device: str) -> list[dict]:
     """One relation's rows (the kinds still missing) in an executor worker, which loads ``cfg.model`` once.
     ``job``: that relation's (queries, counts, kinds), the only queries shipped to the worker."""
     from .loading import worker_model
 
     queries, counts, kinds = job
     lm = worker_model(cfg.model, device, cfg.dtype)
-    return [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed) for kind in kinds]
+    return [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed, noise=noise) for kind in kinds]
 
 
 def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int = 0, lm=None,
@@ -181,7 +235,7 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
 
     check_remote(executor, lm)  # before anything is loaded or written
 
-    rels = as_relations(cfg.relations, cfg.relation_names)
+    rels = load_sources(cfg.relations, cfg.relation_names)
     lm = lm or load_model(cfg.model, device=device, dtype=cfg.dtype)
     window = tracing.default_window(lm.n_layers) if cfg.window is None else cfg.window
     if window > lm.n_layers:
@@ -190,9 +244,11 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
         tracing.traced_layers(lm.n_layers, _split_kind(kind)[0], cfg.layers)
     reps = cfg.n_replace if cfg.corruption == "replace" else 0
     todo = []  # the known facts of every relation first: a run with nothing to trace stops before it starts
+    all_known: list = []
     for rel in rels:
         queries, counts = relation_queries(lm, rel, k_shot=cfg.k_shot, template=cfg.template, seed=seed,
-                                           max_facts=cfg.max_facts, n_replace=reps)
+                                           max_facts=cfg.max_facts, n_replace=reps, known=cfg.known,
+                                           all_known=all_known)
         if cfg.corruption == "replace":
             queries = [q for q in queries if "replacements" in q]
         todo.append((rel, queries, counts))
@@ -200,8 +256,13 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
         raise ValueError(f"no known facts to trace: {lm.name} answers none of the {sum(len(r) for r in rels)} "
                          f"facts of {', '.join(r.name for r in rels)} with a {cfg.k_shot}-shot prompt"
                          + (" with a same-length replacement subject" if reps else ""))
+    # one noise scale for the whole run, as the tracing authors: factor x the std of the subject-token embeddings
+    # of EVERY known fact of the model over the run's relations (not only the traced ones, not per relation)
+    noise = tracing.noise_scale(lm, [t for t, _ in all_known], [sp for _, sp in all_known], cfg.noise_factor) \
+        if cfg.corruption == "noise" else None
     run = RunDir(out, cfg, kind="llm.trace", seed=seed, device=str(lm.device), model_id=lm.model_id)
-    result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "window": window,
+    result = run.read_result({"model": lm.name, "n_layers": lm.n_layers, "window": window, "noise": noise,
+                              "noise_facts": len(all_known) if noise is not None else None,
                               "config": cfg.to_dict(), "per_relation": [], "pooled": {}})
     done = {(r["relation"], r["kind"]) for r in result["per_relation"]}
     order = {(rel.name, k): i for i, (rel, k) in enumerate((rel, k) for rel in rels for k in cfg.kind_list)}
@@ -218,11 +279,11 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     def local(rel):  # one kind at a time, each row written as it finishes (a rerun resumes inside a relation)
         queries, counts, kinds = jobs[rel.name]
         for kind in kinds:
-            add(rel.name, [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed, progress)])
+            add(rel.name, [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed, progress, noise)])
         return []
 
     map_relations([rel for rel in rels if jobs[rel.name][2]], executor, lm, local,
-                  lambda rel: functools.partial(_trace_job, cfg, window, seed, jobs[rel.name]), add)
+                  lambda rel: functools.partial(_trace_job, cfg, window, seed, noise, jobs[rel.name]), add)
     result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
     return run.finish(result, plots.plot_trace, "fig_trace.png", model=lm.name, model_id=lm.model_id)
 
@@ -237,6 +298,7 @@ def _pooled(rows: list[dict], cfg: TraceConfig, window: int, seed: int) -> dict:
         for r in rows:
             if r["kind"] != kind or not r.get("facts"):
                 continue
+            r = merged_no0(r, rows) if kind == "mlp_no0" else r
             layers = tuple(r["layers"])
             facts += [tracing.FactTrace(index=f["index"], target=f["target"], subject=tuple(f["subject"]),
                                         answer_pos=f["answer_pos"], clean=f["clean"], corrupt=f["corrupt"],
@@ -247,3 +309,21 @@ def _pooled(rows: list[dict], cfg: TraceConfig, window: int, seed: int) -> dict:
                                       sever=sever, layers=layers, noise=None, facts=tuple(facts))
             out[kind] = res.summary(seed)
     return out
+
+
+def merged_no0(row: dict, rows: list[dict]) -> dict:
+    """An ``mlp_no0`` row over every layer: the same relation's ``mlp`` row (window w) with the layers whose window
+    holds MLP 0 replaced by their MLP-0-excluded scores (the row itself when that relation has no ``mlp`` row)."""
+    full = next((r for r in rows if r["kind"] == "mlp" and r["relation"] == row["relation"] and r.get("facts")),
+                None)
+    if full is None:
+        return row
+    cols = [full["layers"].index(l) for l in row["layers"]]
+    facts = []
+    for f, g in zip(full["facts"], row["facts"]):
+        if f["index"] != g["index"]:
+            raise ValueError(f"{row['relation']}: mlp and mlp_no0 rows trace different facts")
+        sc = np.array(f["scores"], dtype=float)
+        sc[:, cols] = np.array(g["scores"], dtype=float)
+        facts.append({**f, "scores": sc.tolist()})
+    return {**row, "layers": full["layers"], "facts": facts}

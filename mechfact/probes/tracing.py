@@ -314,11 +314,12 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
                 corruption: str = "noise", metric: str = "prob", window: int = 1, sever: str | None = None,
                 noise: float | None = None, n_draws: int = 10, replacements: torch.Tensor | None = None,
                 seed: int = 0, batch_rows: int = 256, index: int = 0, layers: list[int] | None = None,
-                progress: bool = False) -> FactTrace:
+                exclude: tuple[int, ...] = (), progress: bool = False) -> FactTrace:
     """One query's trace (module docstring). ``tokens``: (n,) the clean prompt, its last token the answer
     position; ``subject``: (first, last) subject token; ``replacements``: (K, n) corrupted prompts (``replace``);
     ``noise``: nu (``noise``); ``layers``: the layers traced (default all; ``-1``, the embedding, with
-    ``state``)."""
+    ``state``); ``exclude``: layers whose MLP / attention output a window restoration never copies back (``(0,)``:
+    the MLP-0-excluded check -- a window that holds only excluded layers restores nothing)."""
     dev = model_device(model)
     L = _n_layers(model)
     tokens = tokens.to(dev)
@@ -379,11 +380,21 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
         (clean_logits[y] - clean_logits[corrupt_logits.argmax(-1)]).mean())
     layers = traced_layers(L, kind, layers)
     scores = np.full((n, len(layers)), corrupt)
+    if kind != "state" and exclude:
+        bad = [l for l in exclude if not 0 <= l < L]
+        if bad:
+            raise ValueError(f"exclude {bad}: layers must lie in 0..{L - 1}")
+
+    def restored(layer: int) -> list[int]:  # the layers whose outputs a window cell copies back
+        return [l2 for l2 in window_layers(layer, window, L) if l2 not in exclude]
+
     def start(k: int) -> str:  # the hook where a cell's run first differs from the corrupted run
-        first = layers[k] if kind == "state" else window_layers(layers[k], window, L)[0] - 1
+        first = layers[k] if kind == "state" else restored(layers[k])[0] - 1
         return hooks.embed() if first < 0 else hooks.resid(first, "post")
 
-    cells = sorted(((t, k) for t in range(s0, n) for k in range(len(layers))), key=lambda c: (c[1], c[0]))
+    # a window whose layers are all excluded restores nothing: its cells keep the corrupted score
+    cells = sorted(((t, k) for t in range(s0, n) for k in range(len(layers))
+                    if kind == "state" or restored(layers[k])), key=lambda c: (c[1], c[0]))
     per = max(1, batch_rows // D)
     chunks = []
     for c in cells:  # cells with the same first difference share a batch
@@ -405,7 +416,7 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
                         nm = hooks.mlp_out(l2) if sever == "mlp" else hooks.attn_out(l2)
                         rs.add(nm, r0, r1, t, box[nm][:, t])
             else:
-                for l2 in window_layers(layer, window, L):
+                for l2 in restored(layer):
                     nm = names[l2]
                     rs.add(nm, r0, r1, t, cache[nm][0, t])
         first = start(chunk[0][1])
@@ -436,7 +447,7 @@ def traced_layers(n_layers: int, kind: str, layers: list[int] | None = None) -> 
 def causal_trace_queries(model, queries: list[dict], *, kind: str = "state", corruption: str = "noise",
                          metric: str = "prob", window: int | None = None, sever: str | None = None,
                          noise: float | None = None, noise_factor: float = 3.0, n_draws: int = 10, seed: int = 0,
-                         batch_rows: int = 256, layers: list[int] | None = None,
+                         batch_rows: int = 256, layers: list[int] | None = None, exclude: tuple[int, ...] = (),
                          progress: bool = False) -> TraceResult:
     """:func:`trace_query` over ``queries`` (dicts with ``tokens`` (n,), ``subject`` (first, last), and for
     ``replace`` ``replacements`` (K, n)); ``noise`` defaults to :func:`noise_scale` over the queries."""
@@ -453,7 +464,7 @@ def causal_trace_queries(model, queries: list[dict], *, kind: str = "state", cor
         facts.append(trace_query(model, q["tokens"], tuple(q["subject"]), kind=kind, corruption=corruption,
                                  metric=metric, window=window, sever=sever, noise=noise, n_draws=n_draws,
                                  replacements=q.get("replacements"), seed=seed, batch_rows=batch_rows,
-                                 index=q.get("index", i), layers=layers))
+                                 index=q.get("index", i), layers=layers, exclude=tuple(exclude)))
     layers = traced_layers(L, kind, layers)
     return TraceResult(kind=kind, corruption=corruption, metric=metric, window=window, sever=sever,
                        layers=tuple(layers), noise=noise if corruption == "noise" else None, facts=tuple(facts))
