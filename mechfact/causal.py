@@ -40,17 +40,23 @@ def _world_queries(model, world, *, max_facts: int | None, n_replace: int, seed:
 
 
 def trace_queries(model, source, *, corruption: str = "noise", max_facts: int | None = None, k_shot: int = 0,
-                  template: int = 0, n_replace: int = 5, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(queries, per-relation counts of samples, known and traced facts) of ``source`` for ``model``."""
+                  template: int = 0, n_replace: int = 5, seed: int = 0, known: str = "prefix",
+                  all_known: list | None = None) -> tuple[list[dict], list[dict]]:
+    """(queries, per-relation counts of samples, known and traced facts) of ``source`` for ``model``. ``known``
+    (relations): which facts count as known (:func:`mechfact.llm.trace.relation_queries`); ``all_known`` receives
+    (tokens, subject span) of every known fact, traced or not."""
     from .facts.world import FactWorld
 
     reps = n_replace if corruption == "replace" else 0
     if isinstance(source, FactWorld):
+        queries, counts = _world_queries(model, source, max_facts=None, n_replace=0, seed=seed)
+        if all_known is not None:
+            all_known += [(q["tokens"], q["subject"]) for q in queries]
         return _world_queries(model, source, max_facts=max_facts, n_replace=reps, seed=seed)
     from .llm.trace import relation_queries
 
     queries, counts = relation_queries(model, source, k_shot=k_shot, template=template, seed=seed,
-                                       max_facts=max_facts, n_replace=reps)
+                                       max_facts=max_facts, n_replace=reps, known=known, all_known=all_known)
     if corruption == "replace":
         queries = [q for q in queries if "replacements" in q]
     return queries, counts
@@ -59,8 +65,14 @@ def trace_queries(model, source, *, corruption: str = "noise", max_facts: int | 
 def causal_trace(model, source, *, kind: str = "state", corruption: str = "noise", metric: str = "prob",
                  window: int | None = None, sever: str | None = None, n_draws: int = 10, noise_factor: float = 3.0,
                  max_facts: int | None = None, k_shot: int = 0, template: int = 0, n_replace: int = 5,
-                 seed: int = 0, batch_rows: int = 256, progress: bool = False) -> tracing.TraceResult:
+                 seed: int = 0, batch_rows: int = 256, known: str = "spells", exclude: tuple[int, ...] = (),
+                 progress: bool = False) -> tracing.TraceResult:
     """Causal tracing (Meng et al. 2022) of the facts ``model`` knows in ``source`` (a FactWorld, or relations).
+
+    Relations: a fact is known when the model's top-1 token spells the object (``known="spells"``, the tracing
+    authors' setting; ``"prefix"``: the LRE authors' first-token prefix); the noise scale is measured over the
+    subjects of EVERY known fact (not only the ``max_facts`` traced). ``exclude``: layers whose MLP / attention
+    outputs a window restoration never copies back (``(0,)``: the MLP-0-excluded check).
 
     ``kind``: ``state`` (the residual stream after each block; ``-1``: the embedding), ``mlp`` or ``attn`` (a
     window of ``window`` layers, default 10 of 48 scaled to the depth); ``sever``: ``mlp`` / ``attn`` with
@@ -72,14 +84,18 @@ def causal_trace(model, source, *, kind: str = "state", corruption: str = "noise
     """
     tracing.check_options(model, kind, corruption, metric,
                           tracing.default_window(tracing._n_layers(model)) if window is None else window, sever)
+    every: list = []
     queries, _ = trace_queries(model, source, corruption=corruption, max_facts=max_facts, k_shot=k_shot,
-                               template=template, n_replace=n_replace, seed=seed)
+                               template=template, n_replace=n_replace, seed=seed, known=known, all_known=every)
     if not queries:
         raise ValueError("no known facts to trace: the model answers none of the queries correctly"
                          + (" with a same-length replacement subject" if corruption == "replace" else ""))
+    noise = tracing.noise_scale(model, [t for t, _ in every], [sp for _, sp in every], noise_factor) \
+        if corruption == "noise" else None
     return tracing.causal_trace_queries(model, queries, kind=kind, corruption=corruption, metric=metric,
-                                        window=window, sever=sever, noise_factor=noise_factor, n_draws=n_draws,
-                                        seed=seed, batch_rows=batch_rows, progress=progress)
+                                        window=window, sever=sever, noise=noise, noise_factor=noise_factor,
+                                        n_draws=n_draws, seed=seed, batch_rows=batch_rows, exclude=exclude,
+                                        progress=progress)
 
 
 # ---- attribute extraction, attribution patching and the geometric-recall tests, with the same sources --------------

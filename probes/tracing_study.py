@@ -2,6 +2,7 @@
 GPT-2 XL pattern, each published claim decided by a test stated before the run.
 
     python -m probes.tracing_study --run --lre-data DIR [--models M ...]     # missing runs into runs/trace
+    python -m probes.tracing_study --run --lre-data DIR --resume-from docs/runs/trace   # continue the shipped runs
     python -m probes.tracing_study --out runs/trace --export docs/runs/trace  # the run JSON, for a clone
     python -m probes.tracing_study --out docs/runs/trace --doc docs/results_trace.md  # the page, from runs alone
 
@@ -396,6 +397,9 @@ def main(argv=None) -> None:
     ap.add_argument("--lre-data", default=None, metavar="DIR",
                     help="with --run: the LRE authors' data folder (github evandez/relations, data/)")
     ap.add_argument("--workers", type=int, default=1, help="with --run: Ray workers per run (default 1: in process)")
+    ap.add_argument("--resume-from", default=None, metavar="DIR",
+                    help="with --run: first copy the exported runs in DIR (e.g. docs/runs/trace) that --out lacks, "
+                         "their data folder rewritten to --lre-data, so a stopped run continues relation by relation")
     ap.add_argument("--export", default=None, metavar="DIR", help="copy the run JSON to DIR (e.g. docs/runs/trace)")
     ap.add_argument("--doc", default=None, metavar="MD", help="write the page there (e.g. docs/results_trace.md)")
     ap.add_argument("--img", default="docs/img")
@@ -405,6 +409,11 @@ def main(argv=None) -> None:
     if bad:
         ap.error(f"--models {' '.join(bad)}: allowed {', '.join(MODELS)}")
     if a.run:
+        if a.resume_from:
+            from probes.families import resume_shipped
+
+            for f in resume_shipped(Path(a.resume_from), out, check_lre_data(a.lre_data)):
+                print(f"{f}: resumed from {a.resume_from}", file=sys.stderr)
         run(out, [m for m in a.models if _installed(m)], a.max_facts, a.lre_data, a.workers)
     if a.export:
         from probes.families import export

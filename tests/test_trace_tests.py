@@ -216,3 +216,27 @@ def test_the_shipped_trace_runs_are_what_the_page_commands_make_with_their_defau
                              for r in want["relations"]]
         assert cfg == want, (model, corruption)
         assert set(S.SHIPPED_FACTUAL) <= set(names) and cfg["max_facts"] == S.MAX_FACTS
+
+
+def test_an_exported_trace_run_resumes_under_another_data_folder(tmp_path):
+    """A trace run names two relation sources (the shipped set and the LRE data folder): the export writes the data
+    folder portably, and --resume-from puts the local one back, so the run continues instead of being refused."""
+    from mechfact.runs import RunDir
+    from probes import families
+
+    def rundir(out, data):
+        cfg = {"relations": ["shipped", str(data / "factual")], "max_facts": 14}
+        return RunDir(out / "gemma3-270m" / "noise", cfg, kind="llm.trace", seed=0, device="cpu",
+                      model_id="gemma3-270m:abc")
+
+    run = rundir(tmp_path / "runs", tmp_path / "first" / "data")
+    run.write_result({"per_relation": [{"relation": "animal_class", "kind": "state"}]})
+    assert families.export(tmp_path / "runs", tmp_path / "shipped") >= 2
+    cfg = json.loads((tmp_path / "shipped" / "gemma3-270m" / "noise" / "config.json").read_text())
+    assert cfg["config"]["relations"] == ["shipped", f"{families.DATA_NAME}/factual"]  # no machine path shipped
+    with pytest.raises(ValueError, match="different config"):
+        rundir(tmp_path / "shipped", tmp_path / "second" / "data").read_result({"per_relation": []})
+    got = families.resume_shipped(tmp_path / "shipped", tmp_path / "again", tmp_path / "second" / "data")
+    assert got == ["gemma3-270m/noise"]
+    again = rundir(tmp_path / "again", tmp_path / "second" / "data").read_result({"per_relation": []})
+    assert again["per_relation"][0]["relation"] == "animal_class"

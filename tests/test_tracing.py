@@ -245,3 +245,21 @@ def test_trace_run_on_the_default_model_finds_the_published_pattern_and_resumes(
     before = (tmp_path / "t" / "result.json").read_text()
     again = run_llm_trace(cfg, tmp_path / "t")
     assert json.dumps(again, sort_keys=True) == json.dumps(json.loads(before), sort_keys=True)
+
+
+def test_noise_scale_on_a_pretrained_architecture_reads_the_embedding_hook(tiny_llama):
+    """The noise scale stops each prompt's run at the embedding: the same value as reading the full run's cache."""
+    from mechfact import hooks
+    from mechfact.llm.prompts import build_prompts
+    from mechfact.llm.relations import load_relations
+    from mechfact.probes import tracing
+
+    lm, rels = tiny_llama
+    ps = build_prompts(load_relations(rels, ["tiny_colour"])[0], lm.tokenizer, lm.bos_id, k=1, template=1, seed=0)[:4]
+    toks = [torch.tensor(p.tokens) for p in ps]
+    spans = [(p.subject_first, p.subject_last) for p in ps]
+    want = []
+    for t, (s0, s1) in zip(toks, spans):
+        _, cache = lm.run_with_cache(t[None], names_filter=lambda n: n == hooks.embed())
+        want.append(cache[hooks.embed()][0, s0:s1 + 1].reshape(-1))
+    assert tracing.noise_scale(lm, toks, spans) == pytest.approx(3 * float(torch.cat(want).std()), rel=1e-6)

@@ -290,7 +290,7 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
 
 def _pooled(rows: list[dict], cfg: TraceConfig, window: int, seed: int) -> dict:
     """Per kind: the summary over every traced fact of every relation (rebuilt from the stored scores)."""
-    from ..probes import tracing
+    from ..probes import trace_tests, tracing
 
     out = {}
     for kind in cfg.kind_list:
@@ -298,7 +298,7 @@ def _pooled(rows: list[dict], cfg: TraceConfig, window: int, seed: int) -> dict:
         for r in rows:
             if r["kind"] != kind or not r.get("facts"):
                 continue
-            r = merged_no0(r, rows) if kind == "mlp_no0" else r
+            r = trace_tests.merged_no0(r, rows) if kind == "mlp_no0" else r
             layers = tuple(r["layers"])
             facts += [tracing.FactTrace(index=f["index"], target=f["target"], subject=tuple(f["subject"]),
                                         answer_pos=f["answer_pos"], clean=f["clean"], corrupt=f["corrupt"],
@@ -310,20 +310,3 @@ def _pooled(rows: list[dict], cfg: TraceConfig, window: int, seed: int) -> dict:
             out[kind] = res.summary(seed)
     return out
 
-
-def merged_no0(row: dict, rows: list[dict]) -> dict:
-    """An ``mlp_no0`` row over every layer: the same relation's ``mlp`` row (window w) with the layers whose window
-    holds MLP 0 replaced by their MLP-0-excluded scores (the row itself when that relation has no ``mlp`` row)."""
-    full = next((r for r in rows if r["kind"] == "mlp" and r["relation"] == row["relation"] and r.get("facts")),
-                None)
-    if full is None:
-        return row
-    cols = [full["layers"].index(l) for l in row["layers"]]
-    facts = []
-    for f, g in zip(full["facts"], row["facts"]):
-        if f["index"] != g["index"]:
-            raise ValueError(f"{row['relation']}: mlp and mlp_no0 rows trace different facts")
-        sc = np.array(f["scores"], dtype=float)
-        sc[:, cols] = np.array(g["scores"], dtype=float)
-        facts.append({**f, "scores": sc.tolist()})
-    return {**row, "layers": full["layers"], "facts": facts}

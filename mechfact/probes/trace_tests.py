@@ -63,7 +63,6 @@ class Traces:
     @classmethod
     def from_rows(cls, rows: list[dict], kind: str, n_layers: int) -> "Traces | None":
         """From a trace run's ``per_relation`` rows (``mlp_no0`` merged with ``mlp`` over every layer)."""
-        from ..llm.trace import merged_no0
         from .tracing import FactTrace
 
         ie, rel, layers = [], [], None
@@ -87,6 +86,24 @@ class Traces:
     def align(self, other: "Traces") -> None:
         if self.relations != other.relations:
             raise ValueError("paired statistics need the same facts in the same order in both kinds")
+
+
+def merged_no0(row: dict, rows: list[dict]) -> dict:
+    """An ``mlp_no0`` row over every layer: the same relation's ``mlp`` row (window w) with the layers whose window
+    holds MLP 0 replaced by their MLP-0-excluded scores (the row itself when that relation has no ``mlp`` row)."""
+    full = next((r for r in rows if r["kind"] == "mlp" and r["relation"] == row["relation"] and r.get("facts")),
+                None)
+    if full is None:
+        return row
+    cols = [full["layers"].index(l) for l in row["layers"]]
+    facts = []
+    for f, g in zip(full["facts"], row["facts"]):
+        if f["index"] != g["index"]:
+            raise ValueError(f"{row['relation']}: mlp and mlp_no0 rows trace different facts")
+        sc = np.array(f["scores"], dtype=float)
+        sc[:, cols] = np.array(g["scores"], dtype=float)
+        facts.append({**f, "scores": sc.tolist()})
+    return {**row, "layers": full["layers"], "facts": facts}
 
 
 def draws(relations, n_boot: int = N_BOOT, seed: int = 0) -> list[np.ndarray]:
@@ -237,5 +254,5 @@ def decide(kinds: dict[str, Traces], n_layers: int, *, n_boot: int = N_BOOT, see
     return out
 
 
-__all__ = ["RULES", "MLP0_RULE", "MIN_RELATIONS", "Traces", "draws", "curve", "peak", "peak_values", "early_mean", "verdict",
-           "decide", "early_layers"]
+__all__ = ["RULES", "MLP0_RULE", "MIN_RELATIONS", "merged_no0", "Traces", "draws", "curve", "peak", "peak_values",
+           "early_mean", "verdict", "decide", "early_layers"]

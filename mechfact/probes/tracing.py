@@ -96,8 +96,13 @@ def noise_scale(model, tokens: list[torch.Tensor], spans: list[tuple[int, int]],
     of all subject tokens of these queries pooled, as the authors measure it)."""
     vals = []
     for toks, (s0, s1) in zip(tokens, spans):
-        _, cache = model.run_with_cache(toks[None].to(model_device(model)), names_filter=lambda n: n == hooks.embed())
-        vals.append(cache[hooks.embed()][0, s0:s1 + 1].float().reshape(-1).cpu())
+        def grab(x, hook=None, s0=s0, s1=s1):
+            vals.append(x[0, s0:s1 + 1].detach().float().reshape(-1).cpu())
+            raise _Stop  # only the embedding is needed: no block runs
+        try:
+            model.run_with_hooks(toks[None].to(model_device(model)), fwd_hooks=[(hooks.embed(), grab)])
+        except _Stop:
+            pass
     return float(factor * torch.cat(vals).std())
 
 
