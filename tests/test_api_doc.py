@@ -62,6 +62,8 @@ def test_api_doc_without_the_embedded_model(tmp_path, one_thread):
     assert re.search(r"trained: accuracy 1\.000", text)
     m = re.search(r"construction d=\d+: accuracy ([\d.]+), R\^2 ([\d.]+), zero-shot swap ([\d.]+)", text)
     assert float(m.group(1)) >= 0.99 and float(m.group(2)) >= 0.99 and float(m.group(3)) >= 0.95, m.group(0)
+    m = re.search(r"total effect ([\d.]+); MLP at the last token ([\d.]+).*\nMLP 0 excluded: (-?[\d.]+)", text)
+    assert float(m.group(2)) > 0.5 and abs(float(m.group(3))) < 0.01, m.group(0)  # the one-layer MLP is MLP 0
     m = re.search(r"blocking attention to the subject: (-?\d+)% of p\(answer\); attribute rate at the subject's "
                   r"embedding ([\d.]+) \(another subject's ([\d.]+)\); AtP vs exact Spearman ([\d.-]+); embedding "
                   r"transfer ([\d.]+) \(control ([\d.]+)\); selectivity ([\d.-]+) \(random units ([\d.-]+)\)", text)
