@@ -401,14 +401,50 @@ def predictions(model, ps: ProbeSet, fwd_hooks=(), batch_size: int = 4096) -> Te
     batch runs ``for_rows`` of its rows; any other hook acts the same on every query."""
     dev = model_device(model)
     preds = []
+    # without hooks, a model that unembeds a residual state (final_logits) runs to its last block only and unembeds
+    # the answer positions alone (with a large vocabulary the unembedding of every position costs as much as the
+    # blocks); with hooks the whole forward runs, so a hook after the last block still acts
+    last = _last_resid(model) if not fwd_hooks else None
     for i in range(0, len(ps), batch_size):
         tok = ps.tokens[i: i + batch_size].to(dev)
         rows = slice(i, i + batch_size)
+        pos = ps.answer_pos[i: i + batch_size]
+        if last is not None:
+            preds.append(_answer_logits(model, tok, pos, last).argmax(-1).cpu())
+            continue
         batch_hooks = [(name, fn.for_rows(rows) if hasattr(fn, "for_rows") else fn) for name, fn in fwd_hooks]
         logits = logits_of(model.run_with_hooks(tok, fwd_hooks=batch_hooks) if fwd_hooks else model(tok))
         rows = torch.arange(tok.shape[0], device=logits.device)
-        preds.append(logits[rows, ps.answer_pos[i: i + batch_size].to(logits.device)].argmax(-1).cpu())
+        preds.append(logits[rows, pos.to(logits.device)].argmax(-1).cpu())
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
+
+
+class _StopAtLastBlock(Exception):
+    pass
+
+
+def _last_resid(model) -> str | None:
+    """The hook name of the last block's residual output, for a model with ``n_layers`` and ``final_logits``."""
+    from .. import hooks
+
+    n = getattr(model, "n_layers", None)
+    if n is None or not hasattr(model, "final_logits") or not hasattr(model, "run_with_hooks"):
+        return None
+    return hooks.resid(int(n) - 1, "post")
+
+
+def _answer_logits(model, tok: Tensor, pos: Tensor, last: str) -> Tensor:
+    """Logits (rows, vocab) at each row's answer position: the run stops after the last block."""
+    box = {}
+
+    def grab(x, hook=None):
+        box["x"] = x[torch.arange(x.shape[0], device=x.device), pos.to(x.device)].clone()
+        raise _StopAtLastBlock
+    try:
+        model.run_with_hooks(tok, fwd_hooks=[(last, grab)])
+    except _StopAtLastBlock:
+        pass
+    return model.final_logits(box["x"]).float()
 
 
 def accuracy(model, ps: ProbeSet, fwd_hooks=(), targets: Tensor | None = None) -> float:
