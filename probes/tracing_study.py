@@ -233,11 +233,11 @@ def llm_table(out: Path) -> str:
 def tests_table(out: Path) -> str:
     """Each GPT-2 XL claim as a test on each model's noise traces (the rules of
     :data:`mechfact.probes.trace_tests.RULES`, fixed before the runs)."""
-    from mechfact.probes.trace_tests import MLP0_RULE, RULES
+    from mechfact.probes.trace_tests import MLP0_RULE, RULES, VARIANTS
 
     rows = ["| claim (GPT-2 XL, Meng et al. 2022) | statistic | rule: holds when the 95% interval is | model | "
             "facts / relations | value [95%] | verdict |", "|---|---|---|---|---|---|---|"]
-    for rule in (*RULES, MLP0_RULE):
+    for rule in (RULES[0], *VARIANTS.values(), MLP0_RULE, *RULES[1:]):
         name, claim, statistic, side, thr = rule
         where = f"inside [{thr[0]}, {thr[1]}]" if side == "inside" else f"above {thr}"
         for m in MODELS:

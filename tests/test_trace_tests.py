@@ -74,8 +74,8 @@ def _no0_rows(rows, window=3):
 def test_the_published_pattern_holds_by_every_rule():
     got = _decide(_no0_rows(_rows(GPT2_LIKE)))
     assert {k: v["verdict"] for k, v in got.items()} == {k: "holds" for k in
-                                                         ("mlp_depth", "mlp_place", "mlp0", "attn_place",
-                                                          "attn_depth", "sever_mlp", "sever_attn")}, got
+                                                         ("mlp_depth", "mlp_depth_no0", "mlp_place", "mlp0",
+                                                          "attn_place", "attn_depth", "sever_mlp", "sever_attn")}, got
     x = got["mlp_depth"]
     assert x["value"] == pytest.approx(7 / L) and x["n_relations"] == 8 and x["n_facts"] == 48
     assert got["sever_mlp"]["value"] == pytest.approx(1 - 0.05 / 0.4, abs=0.05)

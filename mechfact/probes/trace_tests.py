@@ -45,6 +45,14 @@ RULES = (
 )
 # The MLP-0 check: an MLP "peak" that vanishes when MLP 0 is never restored is MLP 0's detokenisation under
 # embedding noise, not a mid-layer store. Flagged when the MLP-0-excluded peak keeps less than half of the MLP peak.
+# The first claim again on the other MLP curves, beside window w: one layer's MLP (window 1), and window w with MLP 0
+# never restored (where the window-w peak is MLP 0's, this curve says where the rest of the MLP effect lies).
+VARIANTS = {
+    "mlp_w1": ("mlp_depth_w1", "the same, MLP of one layer (window 1)", "peak depth of the window-1 MLP curve at the "
+               "last subject token, 95% interval over draws", "inside", (0.15, 0.55)),
+    "mlp_no0": ("mlp_depth_no0", "the same, window w with MLP 0 excluded", "peak depth of the MLP-0-excluded curve "
+                "at the last subject token, 95% interval over draws", "inside", (0.15, 0.55)),
+}
 MIN_RELATIONS = 5  # fewer relations than this: no interval (a resample of 2-4 clusters has few distinct draws)
 MLP0_RULE = ("mlp0", "the MLP effect does not rest on MLP 0 alone",
              "peak AIE of the MLP-0-excluded curve / peak AIE of the MLP curve, at the token bucket where the MLP "
@@ -224,6 +232,10 @@ def decide(kinds: dict[str, Traces], n_layers: int, *, n_boot: int = N_BOOT, see
     if "mlp" in kinds:
         p = peak(kinds["mlp"], "last_subject", idx)
         put(rules["mlp_depth"], p["depth"], ci=p["depth_ci"])
+        for kind, rule in VARIANTS.items():  # the same claim on the window-1 and MLP-0-excluded curves
+            if kind in kinds:
+                p = peak(kinds[kind], "last_subject", idx)
+                put(rule, p["depth"], ci=p["depth_ci"])
         a, ab = peak_values(kinds["mlp"], "last_subject", idx)
         b, bb = peak_values(kinds["mlp"], "last", idx)
         put(rules["mlp_place"], a - b, ab - bb)
@@ -254,5 +266,5 @@ def decide(kinds: dict[str, Traces], n_layers: int, *, n_boot: int = N_BOOT, see
     return out
 
 
-__all__ = ["RULES", "MLP0_RULE", "MIN_RELATIONS", "merged_no0", "Traces", "draws", "curve", "peak", "peak_values",
+__all__ = ["RULES", "VARIANTS", "MLP0_RULE", "MIN_RELATIONS", "merged_no0", "Traces", "draws", "curve", "peak", "peak_values",
            "early_mean", "verdict", "decide", "early_layers"]
