@@ -38,12 +38,15 @@ MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
 PARTS = ("factual", "linguistic")  # folders of the LRE authors' data/ (github evandez/relations)
 SWEEP = {"factual": ("country capital city", "person native language", "landmark on continent"),
          "linguistic": ("adjective comparative", "word first letter")}
-SWEEP_MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")  # Qwen's: ~20 min a relation on one CPU core
-SWEEP_LAYERS = {"smollm2-135m-instruct": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15", "qwen2.5-coder-0.5b-instruct": "2,7,12,16,20"}
+# Qwen's: ~20 min a relation on one CPU core
+SWEEP_MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
+SWEEP_LAYERS = {"smollm2-135m-instruct": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15",
+                "qwen2.5-coder-0.5b-instruct": "2,7,12,16,20"}
 STRIDE = {"smollm2-135m-instruct": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
           "qwen2.5-coder-0.5b-instruct": "0,3,6,9,12,15,18,21,23"}
 SWEEP_MAX_CAUSALITY = 64  # the sweep's edits per trial and layer: edits are most of its cost on a known relation
-LRE_LAYER = {"smollm2-135m-instruct": 15, "gemma3-270m": 9, "qwen2.5-coder-0.5b-instruct": 12}  # n_layers // 2, the default
+LRE_LAYER = {"smollm2-135m-instruct": 15, "gemma3-270m": 9,
+             "qwen2.5-coder-0.5b-instruct": 12}  # n_layers // 2, the default
 # The authors' LRE faithfulness (recall@1, in-context prompt) per relation for GPT-J and LLaMA-13B, as stored in
 # their repository evandez/relations, notebooks/figures/relation_order_{gptj,llama-13b}.json (commit 093c389),
 # the data of their relation-wise faithfulness figure; LLaMA's president relations failed in their sweep (None).
@@ -355,7 +358,8 @@ def lre_table(out: Path, part: str | None = None) -> str:
             rows.append(f"\n{m}: {s['mean_faithfulness_n']} relations scored and not degenerate "
                         f"({s['n_relations_degenerate']} degenerate) of {len(xs)}; means over them "
                         f"[95% bootstrap over relations]: F at beta {xs[0].get('beta')} "
-                        f"{_ci(s, 'mean_faithfulness')}, at the model beta {mb} {_ci(s, 'mean_faithfulness_model_beta')}, "
+                        f"{_ci(s, 'mean_faithfulness')}, at the model beta {mb} "
+                        f"{_ci(s, 'mean_faithfulness_model_beta')}, "
                         f"bias only {_ci(s, 'mean_faithfulness_bias_only')}, majority object "
                         f"{_ci(s, 'mean_majority_baseline')}, C {_ci(s, 'mean_causality')}")
     rows.append("\n" + paired_table(res))
@@ -415,7 +419,8 @@ def paired_table(res: dict) -> str:
           for m in MODELS}
     common = sorted(set.intersection(*(set(v) for v in ok.values()))) if all(ok.values()) else []
     rows = ["Paired tests over relations (the mean difference with its 95% bootstrap interval; p: sign-flip "
-            "permutation test, two-sided; F beats the constant when p < 0.05 and the difference is positive, the constant beats F when p < 0.05 and it is negative, else F does not beat it; the per-relation "
+            "permutation test, two-sided; F beats the constant when p < 0.05 and the difference is positive, the "
+            "constant beats F when p < 0.05 and it is negative, else F does not beat it; the per-relation "
             "comparison needs per-subject outcomes, which these runs do not keep):\n",
             "| model | relations | F(β*) mean [95%] | F(β*) − majority object [95%], p, verdict | F(β*) − bias alone "
             "[95%], p, verdict |", "|---|---|---|---|---|"]

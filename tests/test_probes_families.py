@@ -45,7 +45,8 @@ def test_model_beta_is_chosen_on_training_facts_and_spearman_uses_it(tmp_path):
     assert sp["GPT-J"]["rho"] == pytest.approx(1.0) and sp["GPT-J"]["rho_n"] == 12
     assert sp["GPT-J"]["p_value"] < 0.01 and sp["GPT-J"]["rho_ci"][0] > 0.8
     table = F.lre_table(tmp_path, "factual")
-    assert "at the model beta 1.0" in table and "Spearman smollm2-135m-instruct vs GPT-J (12 relations): rho 1.00" in table
+    assert "at the model beta 1.0" in table
+    assert "Spearman smollm2-135m-instruct vs GPT-J (12 relations): rho 1.00" in table
 
 
 def test_degenerate_relations_are_marked_and_left_out_of_the_means(tmp_path):
@@ -120,7 +121,8 @@ def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
     from mechfact.runs import ELAPSED, RunDir
 
     def rundir(out, data):
-        return RunDir(out / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual", {"relations": str(data / "factual"), "rank": 64},
+        return RunDir(out / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual",
+                      {"relations": str(data / "factual"), "rank": 64},
                       kind="llm.lre", seed=0, device="cpu", model_id="qwen2.5-coder-0.5b-instruct:abc")
 
     runs, shipped, out = tmp_path / "runs", tmp_path / "docs" / "fam", tmp_path / "again"
@@ -130,10 +132,12 @@ def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
     with pytest.raises(ValueError, match="different config"):  # the shipped files as they are: another path
         shutil.copytree(shipped, tmp_path / "raw")
         rundir(tmp_path / "raw", tmp_path / "second" / "lre").read_result({"per_relation": []})
-    assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == ["qwen2.5-coder-0.5b-instruct/lre_authors_factual"]
+    assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == [
+        "qwen2.5-coder-0.5b-instruct/lre_authors_factual"]
     again = rundir(out, tmp_path / "second" / "lre")
     assert again.read_result({"per_relation": []})["per_relation"][0]["faithfulness"] == 0.5
-    spent = json.loads((shipped / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / ELAPSED).read_text())["wall_time_s"]
+    spent = json.loads((shipped / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / ELAPSED).read_text()
+                       )["wall_time_s"]
     assert again.wall_time_s() >= spent  # the time already spent is carried over
     (out / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / "result.json").write_text("{}")
     assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == []
@@ -196,7 +200,8 @@ def test_run_status_counts_relations_against_every_model_and_every_request(tmp_p
                                                    "config": {"relation_names": ["a", "b", "c"]}}))
     for m in F.MODELS[:2]:
         (tmp_path / m / "lre_authors_factual" / "meta.json").write_text("{}")
-    assert F._part_status(tmp_path, "smollm2-135m-instruct", "lre_authors_factual") == "2 of 3 relations (the rest not run)"
+    got = F._part_status(tmp_path, "smollm2-135m-instruct", "lre_authors_factual")
+    assert got == "2 of 3 relations (the rest not run)"
     assert F._part_status(tmp_path, "gemma3-270m", "lre_authors_factual") == "1 of 3 relations (the rest not run)"
     assert F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual").startswith("partial")
     assert "0 of 3 relations" in F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual")
@@ -318,4 +323,5 @@ def test_the_layer_sweep_table_puts_each_relations_models_side_by_side(tmp_path)
                  "by_layer": by_layer} for n in names]
         (folder / "result.json").write_text(json.dumps({"per_relation": rows}))
     order = [tuple(c.strip() for c in line.split("|")[1:3]) for line in F.lre_sweep_table(tmp_path).splitlines()[2:]]
-    assert order == [("a", "smollm2-135m-instruct"), ("a", "gemma3-270m"), ("b", "smollm2-135m-instruct"), ("b", "gemma3-270m")]
+    assert order == [("a", "smollm2-135m-instruct"), ("a", "gemma3-270m"), ("b", "smollm2-135m-instruct"),
+                     ("b", "gemma3-270m")]

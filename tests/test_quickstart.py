@@ -201,8 +201,8 @@ def test_families_side_by_side_section(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        part = _families(tmp_path, ["smollm2-135m-instruct", other], {}, Part([], []), device=torch.device("cpu"), seed=0,
-                         fast=True)
+        part = _families(tmp_path, ["smollm2-135m-instruct", other], {}, Part([], []), device=torch.device("cpu"),
+                         seed=0, fast=True)
     finally:
         torch.set_num_threads(threads)
     (sec,) = part.sections

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from mechfact.probes import trace_tests as T
-from mechfact.probes.tracing import BUCKETS
 
 ROOT = Path(__file__).resolve().parents[1]
 L = 20

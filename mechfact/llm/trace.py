@@ -309,4 +309,3 @@ def _pooled(rows: list[dict], cfg: TraceConfig, window: int, seed: int) -> dict:
                                       sever=sever, layers=layers, noise=None, facts=tuple(facts))
             out[kind] = res.summary(seed)
     return out
-

@@ -8,8 +8,9 @@ two statistics is paired. What the draws give:
 * :func:`curve` -- the average indirect effect per layer of one token bucket, with its interval;
 * :func:`peak` -- the peak layer of that curve as a distribution over draws (its mode, a 95% interval of the
   layer, the share of draws at each layer), not one best-of-layers value;
-* :func:`ratio` / :func:`difference` -- paired statistics of two kinds on the same facts (severing, MLP-0
-  excluded);
+* :func:`peak_values` / :func:`early_mean` -- a curve's peak AIE and the last subject token's early-layer mean in
+  every draw, from which :func:`decide` forms the paired differences and ratios of two kinds on the same facts
+  (severing, MLP 0 excluded);
 * :func:`verdict` -- a rule written before the run: ``holds`` when the statistic's whole interval lies on the
   claim's side of the threshold, ``does not`` when it lies wholly on the other side, else ``undecided``.
 
@@ -19,6 +20,7 @@ that decides it and the threshold.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,8 +45,6 @@ RULES = (
     ("sever_attn", "severing the later attention keeps more than half of that effect",
      "severed-attention effect / effect restored alone, early layers, last subject token, paired", ">", 0.5),
 )
-# The MLP-0 check: an MLP "peak" that vanishes when MLP 0 is never restored is MLP 0's detokenisation under
-# embedding noise, not a mid-layer store. Flagged when the MLP-0-excluded peak keeps less than half of the MLP peak.
 # The first claim again on the other MLP curves, beside window w: one layer's MLP (window 1), and window w with MLP 0
 # never restored (where the window-w peak is MLP 0's, this curve says where the rest of the MLP effect lies).
 VARIANTS = {
@@ -54,6 +54,8 @@ VARIANTS = {
                 "at the last subject token, 95% interval over draws", "inside", (0.15, 0.55)),
 }
 MIN_RELATIONS = 5  # fewer relations than this: no interval (a resample of 2-4 clusters has few distinct draws)
+# The MLP-0 check: an MLP "peak" that vanishes when MLP 0 is never restored is MLP 0's detokenisation under
+# embedding noise, not a mid-layer store. Flagged when the MLP-0-excluded peak keeps less than half of the MLP peak.
 MLP0_RULE = ("mlp0", "the MLP effect does not rest on MLP 0 alone",
              "peak AIE of the MLP-0-excluded curve / peak AIE of the MLP curve, at the token bucket where the MLP "
              "curve peaks highest, paired", ">", 0.5)
@@ -132,13 +134,10 @@ def _curves(t: Traces, bucket: str, idx: list[np.ndarray]) -> tuple[np.ndarray, 
     """(the full-data curve (layers,), the draws' curves (n_boot, layers)) of a bucket."""
     b = BUCKETS.index(bucket)
     x = t.ie[:, b, :]
-    with np.errstate(invalid="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            full = np.nanmean(x, 0)
-            boots = np.stack([np.nanmean(x[i], 0) for i in idx])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a draw whose facts all lack the bucket: NaN, left out
+        full = np.nanmean(x, 0)
+        boots = np.stack([np.nanmean(x[i], 0) for i in idx])
     return full, boots
 
 
@@ -266,5 +265,5 @@ def decide(kinds: dict[str, Traces], n_layers: int, *, n_boot: int = N_BOOT, see
     return out
 
 
-__all__ = ["RULES", "VARIANTS", "MLP0_RULE", "MIN_RELATIONS", "merged_no0", "Traces", "draws", "curve", "peak", "peak_values",
-           "early_mean", "verdict", "decide", "early_layers"]
+__all__ = ["RULES", "VARIANTS", "MLP0_RULE", "MIN_RELATIONS", "merged_no0", "Traces", "draws", "curve", "peak",
+           "peak_values", "early_mean", "verdict", "decide", "early_layers"]
