@@ -202,12 +202,18 @@ def load_relations(path: str | Path | None = None, names: list[str] | None = Non
             raise ValueError(f"relation file {r.source}: relation name {r.name!r} also used by {seen[r.name]}")
         seen[r.name] = r.source
     rels.sort(key=lambda r: r.name)
-    if names:
-        unknown = [n for n in names if n not in seen]
-        if unknown:
-            raise ValueError(f"--relation-names {', '.join(unknown)}: not in {path} (have {', '.join(sorted(seen))})")
-        rels = [r for r in rels if r.name in names]
-    return rels
+    return keep_named(rels, names, f"in {path}")
+
+
+def keep_named(rels: list[Relation], names: list[str] | None, where: str = "among them") -> list[Relation]:
+    """``rels`` kept to ``names`` (all of them when None); ValueError naming any name that is not there."""
+    if not names:
+        return rels
+    have = {r.name for r in rels}
+    unknown = [n for n in names if n not in have]
+    if unknown:
+        raise ValueError(f"--relation-names {', '.join(unknown)}: not {where} (have {', '.join(sorted(have))})")
+    return [r for r in rels if r.name in names]
 
 
 def as_relations(relations=None, names: list[str] | None = None) -> list[Relation]:
@@ -221,10 +227,4 @@ def as_relations(relations=None, names: list[str] | None = None) -> list[Relatio
     else:
         raise ValueError(f"relations of type {type(relations).__name__}: expected a Relation, a list of them, "
                          "a relation file / folder path, or None (the shipped dataset)")
-    if names:
-        have = {r.name for r in rels}
-        unknown = [n for n in names if n not in have]
-        if unknown:
-            raise ValueError(f"--relation-names {', '.join(unknown)}: not among {', '.join(sorted(have))}")
-        rels = [r for r in rels if r.name in names]
-    return rels
+    return keep_named(rels, names)

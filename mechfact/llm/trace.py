@@ -26,7 +26,7 @@ from ..config import DictConfig, check_choice, check_float, check_int
 from ..probes.queries import ProbeSet, predictions
 from ..seeding import derive_seed
 from .prompts import Prompt, check_template, prefix_match, prompt_text, spells_object, tokenize_prompt
-from .relations import Relation, as_relations
+from .relations import Relation, as_relations, keep_named
 
 logger = logging.getLogger(__name__)
 KNOWN_RULES = ("spells", "prefix")
@@ -178,12 +178,7 @@ def load_sources(relations, names: list[str] | None = None) -> list[Relation]:
                 raise ValueError(f"--relations: relation {r.name!r} is in both {seen[r.name]} and {src}")
             seen[r.name] = src
             rels.append(r)
-    if names:
-        unknown = [n for n in names if n not in seen]
-        if unknown:
-            raise ValueError(f"--relation-names {', '.join(unknown)}: not among {', '.join(sorted(seen))}")
-        rels = [r for r in rels if r.name in names]
-    return rels
+    return keep_named(rels, names)
 
 
 def _trace_row(lm, name: str, kind: str, queries: list[dict], counts: list[dict], cfg: TraceConfig, window: int,
