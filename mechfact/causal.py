@@ -22,9 +22,12 @@ from .probes.queries import ProbeSet, predictions
 from .seeding import derive_seed
 
 
-def _world_queries(model, world, *, max_facts: int | None, n_replace: int, seed: int) -> tuple[list[dict], list]:
+def _world_queries(model, world, *, max_facts: int | None, n_replace: int, seed: int,
+                   all_known: list | None = None) -> tuple[list[dict], list]:
     ps = ProbeSet.from_world(world)
     right = torch.nonzero(predictions(model, ps) == ps.object_tokens).reshape(-1).tolist()
+    if all_known is not None:  # every known fact, traced or not (the noise scale is measured over them)
+        all_known += [(q["tokens"], q["subject"]) for q in tracing.fact_queries(ps, right)]
     rng = np.random.default_rng(derive_seed(seed, "causal.world"))
     chosen = sorted(rng.permutation(right)[:max_facts].tolist()) if max_facts is not None else right
     queries = tracing.fact_queries(ps, chosen)
@@ -49,10 +52,7 @@ def trace_queries(model, source, *, corruption: str = "noise", max_facts: int | 
 
     reps = n_replace if corruption == "replace" else 0
     if isinstance(source, FactWorld):
-        queries, counts = _world_queries(model, source, max_facts=None, n_replace=0, seed=seed)
-        if all_known is not None:
-            all_known += [(q["tokens"], q["subject"]) for q in queries]
-        return _world_queries(model, source, max_facts=max_facts, n_replace=reps, seed=seed)
+        return _world_queries(model, source, max_facts=max_facts, n_replace=reps, seed=seed, all_known=all_known)
     from .llm.trace import relation_queries
 
     queries, counts = relation_queries(model, source, k_shot=k_shot, template=template, seed=seed,

@@ -363,13 +363,14 @@ def lre_table(out: Path, part: str | None = None) -> str:
                         f"bias only {_ci(s, 'mean_faithfulness_bias_only')}, majority object "
                         f"{_ci(s, 'mean_majority_baseline')}, C {_ci(s, 'mean_causality')}")
     rows.append("\n" + paired_table(res))
-    sp = [r for r in spearman_family(out) if part is None or r["part"] == part]
+    family = spearman_family(out)
+    sp = [r for r in family if part is None or r["part"] == part]
     if sp:
         rows.append("\nSpearman's rho of F(β*) (one beta per model, chosen on training facts: the authors' rule) at "
                     "the middle layer against the published F (theirs at the layer each relation's causality chose; "
                     "the layer sweep below shows how far the layer moves F), over the non-degenerate relations "
                     "both have; interval: bootstrap over relations; p: permutation test; Holm: adjusted over the "
-                    f"family of all {len(spearman_family(out))} such tests on this page (both parts, every model "
+                    f"family of all {len(family)} such tests on this page (both parts, every model "
                     "and reference), every one listed; partial rho: with the relation's number of test objects "
                     "partialled out (a relation with few objects is easy for any model).")
     for r in sp:

@@ -215,10 +215,9 @@ def llm_table(out: Path) -> str:
             done = "" if (out / m / corruption / "meta.json").is_file() else ", partial run"
             base = next(iter(kinds.values()))
             idx = draws(base.relations, seed=0)
-            clean = np.array([f["clean"] for x in r["per_relation"] if x["kind"] == "state" and x.get("facts")
-                              and x["relation"] in set(base.relations) for f in x["facts"]])
-            corrupt = np.array([f["corrupt"] for x in r["per_relation"] if x["kind"] == "state" and x.get("facts")
-                                and x["relation"] in set(base.relations) for f in x["facts"]])
+            facts = [f for x in r["per_relation"] if x["kind"] == "state" and x.get("facts")
+                     and x["relation"] in set(base.relations) for f in x["facts"]]
+            clean, corrupt = (np.array([f[k] for f in facts]) for k in ("clean", "corrupt"))
             te = [float(np.mean((clean - corrupt)[i])) for i in idx]
             from mechfact.probes.trace_tests import MIN_RELATIONS, _interval
 
@@ -239,12 +238,12 @@ def tests_table(out: Path) -> str:
 
     rows = ["| claim (GPT-2 XL, Meng et al. 2022) | statistic | rule: holds when the 95% interval is | model | "
             "facts / relations | value [95%] | verdict |", "|---|---|---|---|---|---|---|"]
+    tests = {m: _analysis(out, m, "noise")[2] for m in MODELS}  # every rule of a model from one set of draws
     for rule in (RULES[0], *VARIANTS.values(), MLP0_RULE, *RULES[1:]):
         name, claim, statistic, side, thr = rule
         where = f"inside [{thr[0]}, {thr[1]}]" if side == "inside" else f"above {thr}"
         for m in MODELS:
-            _, _, tests = _analysis(out, m, "noise")
-            x = tests.get(name)
+            x = tests[m].get(name)
             if x is None:
                 continue
             ci = x["ci"]
