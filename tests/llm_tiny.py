@@ -95,6 +95,23 @@ def build_model(family: str, folder: Path) -> Path:
     return folder
 
 
+def build_gemma3(folder):
+    """A tiny random Gemma-3 text model + tokenizer in ``folder`` (sliding window 4, two layer types)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(folder)
+    cfg = Gemma3TextConfig(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                           layer_types=["sliding_attention", "full_attention"] * 2, query_pre_attn_scalar=24,
+                           max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                           pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(5)
+    AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(folder)
+    return folder
+
+
 def train_to_know(folder: Path, relations: Path, steps: int = 150) -> Path:
     """Train the tiny checkpoint in ``folder`` (full batch, Adam, seed 0) until it answers the zero-shot prompts of
     ``relations`` (every fact known), and save it back. The target is the object's own first token: the tiny

@@ -15,26 +15,10 @@ import types
 import pytest
 import torch
 
-from llm_tiny import FAMILIES, build_model, build_tokenizer, write_relations
+from llm_tiny import FAMILIES, build_gemma3, build_model, build_tokenizer, write_relations
 
 ALL = (*FAMILIES, "phi3_partial_rotary", "gemma3")
 TOL = 1e-5  # max |J_new - J_copies|, relative to max(1, max |J|)
-
-
-def build_gemma3(folder):
-    """A tiny random Gemma-3 text model + tokenizer in ``folder`` (sliding window 4, two layer types)."""
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(folder)
-    cfg = Gemma3TextConfig(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=4,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
-                           layer_types=["sliding_attention", "full_attention"] * 2, query_pre_attn_scalar=24,
-                           max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                           pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
-    torch.manual_seed(5)
-    AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(folder)
-    return folder
 
 
 def build_phi3_partial(folder):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from llm_tiny import build_model, write_relations
+from llm_tiny import build_gemma3, build_model, write_relations
 
 
 def _aie(res, bucket):
@@ -60,6 +60,19 @@ def test_noise_scale_is_three_times_the_subject_embedding_std(construction):
     nu = tracing.noise_scale(model, [x["tokens"] for x in q], [x["subject"] for x in q])
     emb = model.W_E.detach()[torch.tensor([int(x["tokens"][0]) for x in q])]
     assert nu == pytest.approx(3 * float(emb.reshape(-1).std()), rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory):
+    """A tiny Gemma-3 (sliding window 4 below the prompts' length, sliding and full layers alternating)."""
+    from mechfact.llm.loading import load_model
+
+    root = tmp_path_factory.mktemp("trace_gemma3")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    lm = load_model(str(build_gemma3(root / "gemma3")))
+    torch.set_num_threads(n)
+    return lm, write_relations(root / "relations")
 
 
 @pytest.fixture(scope="module")
@@ -126,22 +139,28 @@ def _reference(lm, tokens, subject, y, cells, kind, window, noise, n_draws, seed
     return out
 
 
-@pytest.mark.parametrize("kind,sever,window,exclude", [("state", None, 1, ()), ("mlp", None, 2, ()),
-                                                       ("attn", None, 3, ()), ("state", "mlp", 1, ()),
-                                                       ("mlp", None, 3, (0,))])
-def test_batched_trace_equals_the_per_cell_loop(tiny_llama, kind, sever, window, exclude, one_thread):
-    """(exclude (0,): the MLP-0-excluded check restores the window's other layers only.)"""
+@pytest.mark.parametrize("model,kind,sever,window,exclude,suffix", [
+    ("llama", "state", None, 1, (), True), ("llama", "mlp", None, 2, (), True), ("llama", "attn", None, 3, (), True),
+    ("llama", "state", "mlp", 1, (), True), ("llama", "mlp", None, 3, (0,), True),
+    ("llama", "state", None, 1, (), False), ("llama", "mlp", None, 2, (), False),
+    ("gemma3", "state", None, 1, (), True), ("gemma3", "mlp", None, 2, (), True), ("gemma3", "state", "attn", 1, (), True),
+    ("gemma3", "state", None, 1, (), False), ("gemma3", "mlp", None, 2, (), False)])
+def test_batched_trace_equals_the_per_cell_loop(request, model, kind, sever, window, exclude, suffix, one_thread):
+    """Both paths (``suffix``: only the tokens and blocks a restoration changes; else every token of the blocks after
+    the first difference) on a Llama and on a Gemma-3 whose sliding and full layers take different masks and
+    rotary embeddings (a path that hands a block another block's arguments fails there). (exclude (0,): the
+    MLP-0-excluded check restores the window's other layers only.)"""
     from mechfact.llm.prompts import build_prompts
     from mechfact.llm.relations import load_relations
     from mechfact.probes import tracing
 
-    lm, rels = tiny_llama
+    lm, rels = request.getfixturevalue(f"tiny_{model}")
     rel = load_relations(rels, ["tiny_colour"])[0]
     p = build_prompts(rel, lm.tokenizer, lm.bos_id, k=1, template=1, seed=0)[2]
     tokens = torch.tensor(p.tokens)
     q = {"tokens": tokens, "subject": (p.subject_first, p.subject_last), "index": 7}
     res = tracing.causal_trace_queries(lm, [q], kind=kind, window=window, sever=sever, noise=3.0, n_draws=4,
-                                       batch_rows=12, seed=1, exclude=exclude)
+                                       batch_rows=12, seed=1, exclude=exclude, suffix=suffix)
     f = res.facts[0]
     L = lm.n_layers
     n = len(tokens)

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from .. import hooks, stats
 from ..seeding import derive_seed
 from .queries import model_device
+from .trace_suffix import Suffix
 
 KINDS = ("state", "mlp", "attn")
 SEVER = ("mlp", "attn")
@@ -210,7 +211,8 @@ class _Restorer:
 
     def apply(self, name: str, x: torch.Tensor) -> torch.Tensor:
         for r0, r1, pos, v in self.sets.get(name, ()):
-            x[r0:r1, pos] = v.to(x.dtype)
+            if r0 < x.shape[0]:  # (a suffix run's rows grow as its cells join: later ones are not there yet)
+                x[r0:r1, pos] = v.to(x.dtype)
         return x
 
     def hooks(self, extra=(), skip=()) -> list:
@@ -252,8 +254,16 @@ def _block_list(model) -> torch.nn.ModuleList | None:
 def _blocks_from(model, first: int):
     """Run only blocks ``first..L-1``. A bridge's ``start_at_layer`` still runs the blocks before ``first`` and
     discards their output; here the decoder's layer list is cut to the suffix for the duration (each layer keeps
-    its own index, so attention types and masks are unchanged; the per-cell reference test checks the scores)."""
+    its own index; the per-cell reference test checks the scores). Not on a decoder whose layers differ in type
+    (e.g. Gemma-3's sliding and full attention layers): its forward hands layer ``i`` of the list the mask and
+    rotary embedding of type ``i``, so there the earlier blocks run (and are discarded) instead."""
     owner, name, layers = None, None, _block_list(model)
+    types = getattr(getattr(getattr(getattr(model, "bridge", None), "original_model", None), "config", None),
+                    "layer_types", None)
+    if types is not None and len(set(types)) > 1:
+        # the decoder picks each layer's mask and rotary embedding by its place in the list (Gemma-3's sliding /
+        # full layers): a cut list would hand block k the arguments of block k - first
+        layers = None
     if layers is not None and first > 0:
         hf = model.bridge.original_model
         for mod in hf.modules():
@@ -319,12 +329,14 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
                 corruption: str = "noise", metric: str = "prob", window: int = 1, sever: str | None = None,
                 noise: float | None = None, n_draws: int = 10, replacements: torch.Tensor | None = None,
                 seed: int = 0, batch_rows: int = 256, index: int = 0, layers: list[int] | None = None,
-                exclude: tuple[int, ...] = (), progress: bool = False) -> FactTrace:
+                exclude: tuple[int, ...] = (), progress: bool = False, suffix: bool = True) -> FactTrace:
     """One query's trace (module docstring). ``tokens``: (n,) the clean prompt, its last token the answer
     position; ``subject``: (first, last) subject token; ``replacements``: (K, n) corrupted prompts (``replace``);
     ``noise``: nu (``noise``); ``layers``: the layers traced (default all; ``-1``, the embedding, with
     ``state``); ``exclude``: layers whose MLP / attention output a window restoration never copies back (``(0,)``:
-    the MLP-0-excluded check -- a window that holds only excluded layers restores nothing)."""
+    the MLP-0-excluded check -- a window that holds only excluded layers restores nothing); ``suffix``: on a
+    bridge, restored runs compute only the tokens and blocks a restoration can change
+    (:mod:`mechfact.probes.trace_suffix`; ``False``: every token of every block after the first difference)."""
     dev = model_device(model)
     L = _n_layers(model)
     tokens = tokens.to(dev)
@@ -335,7 +347,9 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
     # clean run: the states restorations copy back
     names = {"state": [hooks.embed()] + [hooks.resid(l, "post") for l in range(L)],
              "mlp": [hooks.mlp_out(l) for l in range(L)], "attn": [hooks.attn_out(l) for l in range(L)]}[kind]
-    logits, cache = model.run_with_cache(tokens[None], names_filter=lambda nm: nm in names)
+    fast = Suffix.of(model) if suffix else None
+    with fast.recording("clean") if fast else contextlib.nullcontext():
+        logits, cache = model.run_with_cache(tokens[None], names_filter=lambda nm: nm in names)
     clean_logits = logits[0, a].float()
     y = int(clean_logits.argmax())
     # corrupted runs
@@ -369,7 +383,8 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
             return x
         return fn
     try:
-        model.run_with_hooks(base, fwd_hooks=noise_hook(D) + [(nm, grab(nm)) for nm in sn])
+        with fast.recording("corrupt") if fast else contextlib.nullcontext():
+            model.run_with_hooks(base, fwd_hooks=noise_hook(D) + [(nm, grab(nm)) for nm in sn])
     except _Stop:
         pass
     corrupt_logits = model.final_logits(box[last_hook][:, a]).float()
@@ -393,14 +408,22 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
     def restored(layer: int) -> list[int]:  # the layers whose outputs a window cell copies back
         return [l2 for l2 in window_layers(layer, window, L) if l2 not in exclude]
 
-    def start(k: int) -> str:  # the hook where a cell's run first differs from the corrupted run
-        first = layers[k] if kind == "state" else restored(layers[k])[0] - 1
-        return hooks.embed() if first < 0 else hooks.resid(first, "post")
+    def first_block(k: int) -> int:  # the block after which a cell's run first differs from the corrupted run
+        return layers[k] if kind == "state" else restored(layers[k])[0] - 1
+
+    def start(k: int) -> str:  # that state's hook
+        return hooks.embed() if first_block(k) < 0 else hooks.resid(first_block(k), "post")
 
     # a window whose layers are all excluded restores nothing: its cells keep the corrupted score
     cells = sorted(((t, k) for t in range(s0, n) for k in range(len(layers))
                     if kind == "state" or restored(layers[k])), key=lambda c: (c[1], c[0]))
     per = max(1, batch_rows // D)
+    if fast is not None:
+        for t, chunk, s in _suffix_scores(fast, cells, per, first_block, kind, sever, layers, restored, names, cache, box,
+                                          a, L, D, lambda lg, rows: score(lg, rows), progress):
+            for c, k in enumerate(chunk):
+                scores[t, k] = s[c]
+        cells = []
     chunks = []
     for c in cells:  # cells with the same first difference share a batch
         if chunks and len(chunks[-1]) < per and start(chunks[-1][0][1]) == start(c[1]):
@@ -437,6 +460,38 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
                      scores=scores)
 
 
+def _suffix_scores(fast: Suffix, cells, per, first, kind, sever, layers, restored, names, cache, box, a, L, D, score,
+                   progress):
+    """The restored runs on the fast path: per token ``t``, its cells sorted by the block where they start, ``per``
+    cells a batch; yields (t, the batch's layer indices, their scores)."""
+    by_t: dict[int, list[int]] = {}
+    for t, k in cells:
+        by_t.setdefault(t, []).append(k)
+    batches = [(t, ks[i:i + per]) for t, ks in by_t.items()
+               for ks in [sorted(ks, key=first)] for i in range(0, len(ks), per)]
+    for t, chunk in tqdm(batches, desc="trace", leave=False, disable=not progress):
+        rs = _Restorer(a, "")
+        init = []
+        for c, k in enumerate(chunk):
+            r0, r1 = c * D, (c + 1) * D
+            s = first(k)
+            x = (fast.entry["corrupt"] if s < 0 else box[hooks.resid(s, "post")])[:, t:].clone()
+            if kind == "state":  # the restored state itself is where the cell's run starts
+                x[:, 0] = (fast.entry["clean"] if s < 0 else cache[hooks.resid(s, "post")])[0, t].to(x.dtype)
+                if sever is not None:
+                    for l2 in range(layers[k] + 1, L):
+                        nm = hooks.mlp_out(l2) if sever == "mlp" else hooks.attn_out(l2)
+                        rs.add(nm, r0, r1, 0, box[nm][:, t])
+            else:
+                for l2 in restored(layers[k]):
+                    rs.add(names[l2], r0, r1, 0, cache[names[l2]][0, t])
+            init.append(x)
+        fwd = [(nm, lambda x, hook=None, nm=nm: rs.apply(nm, x)) for nm in rs.sets]
+        final = fast.run(t, [first(k) for k in chunk], init, fwd, a)
+        rows = len(chunk) * D
+        yield t, chunk, score(fast.model.final_logits(final).float(), rows).view(len(chunk), D).mean(1).cpu().numpy()
+
+
 def traced_layers(n_layers: int, kind: str, layers: list[int] | None = None) -> list[int]:
     """The layers a trace covers: ``layers`` checked, or every layer (and ``-1``, the embedding, for ``state``)."""
     every = ([-1] if kind == "state" else []) + list(range(n_layers))
@@ -453,7 +508,7 @@ def causal_trace_queries(model, queries: list[dict], *, kind: str = "state", cor
                          metric: str = "prob", window: int | None = None, sever: str | None = None,
                          noise: float | None = None, noise_factor: float = 3.0, n_draws: int = 10, seed: int = 0,
                          batch_rows: int = 256, layers: list[int] | None = None, exclude: tuple[int, ...] = (),
-                         progress: bool = False) -> TraceResult:
+                         progress: bool = False, suffix: bool = True) -> TraceResult:
     """:func:`trace_query` over ``queries`` (dicts with ``tokens`` (n,), ``subject`` (first, last), and for
     ``replace`` ``replacements`` (K, n)); ``noise`` defaults to :func:`noise_scale` over the queries."""
     L = _n_layers(model)
@@ -469,7 +524,7 @@ def causal_trace_queries(model, queries: list[dict], *, kind: str = "state", cor
         facts.append(trace_query(model, q["tokens"], tuple(q["subject"]), kind=kind, corruption=corruption,
                                  metric=metric, window=window, sever=sever, noise=noise, n_draws=n_draws,
                                  replacements=q.get("replacements"), seed=seed, batch_rows=batch_rows,
-                                 index=q.get("index", i), layers=layers, exclude=tuple(exclude)))
+                                 index=q.get("index", i), layers=layers, exclude=tuple(exclude), suffix=suffix))
     layers = traced_layers(L, kind, layers)
     return TraceResult(kind=kind, corruption=corruption, metric=metric, window=window, sever=sever,
                        layers=tuple(layers), noise=noise if corruption == "noise" else None, facts=tuple(facts))
