@@ -1,17 +1,21 @@
-"""Causal-tracing benchmark (run on demand, not in CI): one fact's full trace, side by side, one thread count.
+"""Causal-tracing benchmark (run on demand, not in CI): full traces of a few known facts, three ways, one thread count.
 
   (a) ``plain``: what a researcher writes from the tracing authors' code -- one forward pass per (token, layer)
       cell of a batch of 1 clean + ``n_draws`` corrupted copies of the prompt, plain hooks (noise at the
       embedding, the clean state copied into the corrupted rows), every position unembedded, every token traced;
-  (b) ``mechfact``: :func:`mechfact.probes.tracing.trace_query` (cells batched, tokens before the subject not
-      run, the corrupted runs' states reused so a restored run starts at the block after the restored state,
-      only the answer position unembedded).
+  (b) ``today``: :func:`mechfact.probes.tracing.trace_query` with ``suffix=False`` (cells batched, tokens before the
+      subject not run, each restored run starting at the block after the restored state from the corrupted runs'
+      cached residual stream, only the answer position unembedded) -- the tracer before the suffix runs;
+  (c) ``mechfact``: the same with ``suffix=True`` (the default): restored runs compute only the tokens from the
+      restored one on (the tokens before it read from the corrupted runs' keys and values), each cell's rows
+      joining the batch at the block where its run first differs.
 
-Prints wall and process CPU seconds per fact and kind, the ratio plain/mechfact, and the largest absolute
-difference of the two traces' scores (the same noise draws). A ``--layers`` stride traces the same subset of layers
-in both (the full trace of ``plain`` on a 30-layer model takes minutes per kind).
+Prints process CPU seconds per fact and kind, the ratios, the largest absolute difference of the scores (the same
+noise draws), and full traces per CPU-second. The plain loop runs on every ``--plain-stride``-th layer (its full
+30-layer trace takes minutes per kind), against (c) on the same layers.
 
-    python benchmarks/trace_bench.py [--threads 1] [--model default] [--kinds state,mlp] [--draws 10]
+    python benchmarks/trace_bench.py [--threads 1] [--model default] [--relations country_capital,country_continent]
+                                     [--kinds state,mlp] [--draws 10] [--plain-stride 3]
 """
 
 from __future__ import annotations
@@ -66,46 +70,70 @@ def plain_trace(lm, tokens, subject, kind, window, noise, n_draws, seed, index, 
     return out
 
 
+def _timed(fn):
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", default="default")
+    ap.add_argument("--relations", default="country_capital,country_continent",
+                    help="shipped relations, one known fact each (default: a subject late and one early in the prompt)")
     ap.add_argument("--kinds", default="state,mlp")
     ap.add_argument("--draws", type=int, default=10)
-    ap.add_argument("--layers", type=int, default=1, help="trace every k-th layer (both methods)")
+    ap.add_argument("--plain-stride", type=int, default=3,
+                    help="the plain loop traces every k-th layer (mechfact traced again on the same layers for its "
+                         "ratio); today's path and mechfact run every layer")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     import mechfact
     from mechfact.llm.trace import relation_queries
 
     lm = mechfact.load_model(a.model)
-    rel = [r for r in mechfact.load_relations() if r.name == "country_capital"]
-    q = relation_queries(lm, rel, max_facts=1)[0][0]
-    tokens, subject = q["tokens"], q["subject"]
-    noise = tracing.noise_scale(lm, [tokens], [subject])
+    names = a.relations.split(",")
+    rels = [r for r in mechfact.load_relations() if r.name in names]
+    queries, _ = relation_queries(lm, rels, max_facts=1, known="spells")
     window = tracing.default_window(lm.n_layers)
-    print(f"{lm.name}: {lm.n_layers} layers, prompt of {len(tokens)} tokens, subject tokens {subject}, "
-          f"{a.draws} noise draws, window {window}, threads {a.threads}")
+    noise = tracing.noise_scale(lm, [q["tokens"] for q in queries], [q["subject"] for q in queries])
+    print(f"{lm.name}: {lm.n_layers} layers, {len(queries)} facts, {a.draws} noise draws, window {window}, "
+          f"threads {a.threads}")
     rows = []
-    for kind in a.kinds.split(","):
-        all_layers = ([-1] if kind == "state" else []) + list(range(lm.n_layers))
-        layers = all_layers[::a.layers]
-        t0, c0 = time.perf_counter(), time.process_time()
-        ours = tracing.trace_query(lm, tokens, subject, kind=kind, window=window, noise=noise, n_draws=a.draws,
-                                   index=0, layers=layers)
-        t1, c1 = time.perf_counter(), time.process_time()
-        plain = plain_trace(lm, tokens, subject, kind, window, noise, a.draws, 0, 0, layers)
-        t2, c2 = time.perf_counter(), time.process_time()
-        diff = float(np.abs(ours.scores - plain).max())
-        row = {"kind": kind, "layers": len(layers), "mechfact_wall_s": t1 - t0, "mechfact_cpu_s": c1 - c0,
-               "plain_wall_s": t2 - t1, "plain_cpu_s": c2 - c1, "max_abs_diff": diff}
-        row["ratio_cpu"] = row["plain_cpu_s"] / max(row["mechfact_cpu_s"], 1e-9)
-        row["ratio_wall"] = row["plain_wall_s"] / max(row["mechfact_wall_s"], 1e-9)
-        rows.append(row)
-        print(f"{kind}: plain {row['plain_wall_s']:.1f} s wall / {row['plain_cpu_s']:.1f} s CPU, mechfact "
-              f"{row['mechfact_wall_s']:.1f} s / {row['mechfact_cpu_s']:.1f} s ({len(layers)} of {len(all_layers)} "
-              f"layers, every token); ratio {row['ratio_wall']:.1f}x wall, "
-              f"{row['ratio_cpu']:.1f}x CPU; max |difference| {diff:.1e}")
+    for q in queries:
+        tokens, subject = q["tokens"], q["subject"]
+        for kind in a.kinds.split(","):
+            all_layers = ([-1] if kind == "state" else []) + list(range(lm.n_layers))
+            some = all_layers[::a.plain_stride]
+
+            def ours(layers, suffix=True):
+                return tracing.trace_query(lm, tokens, subject, kind=kind, window=window, noise=noise,
+                                           n_draws=a.draws, index=q["index"], layers=layers, suffix=suffix)
+            new, new_w, new_c = _timed(lambda: ours(all_layers))
+            old, old_w, old_c = _timed(lambda: ours(all_layers, suffix=False))
+            new_s, _, new_s_c = _timed(lambda: ours(some))
+            plain, plain_w, plain_c = _timed(lambda: plain_trace(lm, tokens, subject, kind, window, noise, a.draws,
+                                                                  0, q["index"], some))
+            row = {"relation": q["relation"], "tokens": len(tokens), "subject": list(subject), "kind": kind,
+                   "layers": len(all_layers), "mechfact_cpu_s": new_c, "mechfact_wall_s": new_w,
+                   "today_cpu_s": old_c, "today_wall_s": old_w, "plain_layers": len(some),
+                   "plain_cpu_s": plain_c, "mechfact_on_plain_layers_cpu_s": new_s_c,
+                   "diff_today": float(np.abs(new.scores - old.scores).max()),
+                   "diff_plain": float(np.abs(new_s.scores - plain).max())}
+            row["vs_today"] = old_c / max(new_c, 1e-9)
+            row["vs_plain"] = plain_c / max(new_s_c, 1e-9)
+            rows.append(row)
+            print(f"{q['relation']} ({len(tokens)} tokens, subject {subject[0]}-{subject[1]}) {kind}: mechfact "
+                  f"{new_c:.1f} CPU s, today's path {old_c:.1f} ({row['vs_today']:.1f}x, max |diff| "
+                  f"{row['diff_today']:.1e}); on {len(some)} layers plain {plain_c:.1f} vs {new_s_c:.1f} "
+                  f"({row['vs_plain']:.1f}x, max |diff| {row['diff_plain']:.1e})")
+    tot = {k: sum(r[k] for r in rows) for k in ("mechfact_cpu_s", "today_cpu_s", "plain_cpu_s",
+                                                "mechfact_on_plain_layers_cpu_s")}
+    n = len(rows)
+    print(f"full traces (fact x kind) per CPU-second: mechfact {n / tot['mechfact_cpu_s']:.3f}, today's path "
+          f"{n / tot['today_cpu_s']:.3f} ({tot['today_cpu_s'] / tot['mechfact_cpu_s']:.2f}x); against the plain loop "
+          f"on the same layers {tot['plain_cpu_s'] / tot['mechfact_on_plain_layers_cpu_s']:.1f}x")
     print(json.dumps(rows))
 
 

@@ -86,9 +86,20 @@ def run(out: Path, data: Path) -> None:
         jobs.append((out / m / "superposition_words", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
                                                        "--prompt", "words"]))
         for folder, argv in jobs:
-            if (folder / "meta.json").is_file():
+            if (folder / "meta.json").is_file() and not _stale_rows(folder, argv):
                 continue
             subprocess.run(cli + argv + ["--threads", "1", "--quiet", "--out", str(folder)], check=True)
+
+
+def _stale_rows(folder: Path, argv: list[str]) -> bool:
+    """A finished superposition run whose rows an earlier version wrote: the command resumes it, recomputing
+    those rows (the LRE and readout runs have no row format: finished is finished)."""
+    from mechfact.llm.superposition_stats import ROW_FORMAT
+
+    if argv[:2] != ["llm", "superposition"]:
+        return False
+    rows = (_read(folder / "result.json") or {}).get("per_layer", [])
+    return any(r.get("format") != ROW_FORMAT for r in rows)
 
 
 # LreConfig fields a split part's folder may set, and their flags (the rest must be at their defaults)
@@ -523,9 +534,10 @@ def superposition_table(out: Path, name: str = "superposition") -> str:
     attributes) and the random-code null's p, partial R^2 after the nuisance regressors (p), the top coordinate's
     share of the variance, and which attributes are decodable from the same state (accuracy, label-shuffle p)."""
     rows = [f"Prompt: {SUPERPOSITION_RUNS[name]}.\n",
-            "| model | layer | R^2 held-out [95%] | p shuffled / p random codes | partial R^2 (p) | top coordinate "
-            "share | decodable: continent / language / currency / capital / demonym (p) |",
-            "|---|---|---|---|---|---|---|"]
+            "| model | layer | R^2 held-out [95%] | p shuffled / p random codes | partial R^2 (p) | layer 0 alone | "
+            "beyond layer 0 [95%] (p) | top coordinate share | decodable: continent / language / currency / capital / "
+            "demonym (p) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for m in MODELS:
         r = _read(out / m / name / "result.json")
         for x in (r or {}).get("per_layer", []):
@@ -538,11 +550,20 @@ def superposition_table(out: Path, name: str = "superposition") -> str:
             rows.append(f"| {m} | {x['layer']} | {_ci(x, 'r2_heldout', '.3f')} | "
                         f"{x['p_value']:.3f} / {x['null_random_features']['p_value']:.3f} | "
                         f"{x['partial_r2_heldout']:.3f} ({x['null_partial']['p_value']:.3f}) | "
+                        f"{_beyond_layer0(x)}"
                         f"{x['top_coordinate_variance_share']:.2f} | {d} |")
     n = (_read(out / MODELS[0] / name / "result.json") or {}).get("n_null")
     rows.append(f"\np-values: permutation tests with {n or 'the run'} draws each ((1 + #null >= observed) / (1 + n));"
                 " with L layers per model, p < 0.05 / L holds after Bonferroni.")
     return "\n".join(rows)
+
+
+def _beyond_layer0(x: dict) -> str:
+    """The two cells of the whole-layer-0 control (rows of runs made before it: "-")."""
+    if "r2_heldout_beyond_layer0" not in x:
+        return "- | - | "
+    return (f"{x['r2_heldout_layer0_only']:.3f} | {_ci(x, 'r2_heldout_beyond_layer0', '.3f')} "
+            f"({x['null_beyond_layer0']['p_value']:.3f}) | ")
 
 
 def superposition_statement(out: Path, name: str) -> str:
@@ -559,6 +580,9 @@ def superposition_statement(out: Path, name: str) -> str:
         ok = [x for x in rows if x["p_value"] <= floor and x["null_random_features"]["p_value"] <= floor
               and (x.get("r2_heldout_ci") or [None])[0] is not None and x["r2_heldout_ci"][0] > 0]
         part = [x for x in rows if x["null_partial"]["p_value"] <= floor and x["partial_r2_heldout"] > 0]
+        beyond = [x for x in rows if "null_beyond_layer0" in x and x["layer"] > 0
+                  and x["null_beyond_layer0"]["p_value"] <= floor and x["r2_heldout_beyond_layer0_ci"][0] > 0]
+        later = [x for x in rows if "null_beyond_layer0" in x and x["layer"] > 0]
         r2 = [x["r2_heldout"] for x in ok]
         rng = f", R^2 {min(r2):.2f}-{max(r2):.2f} there" if r2 else ""
         bonf = (f"That p passes Bonferroni over the {len(rows)} layers (p < {0.05 / len(rows):.4f})"
@@ -568,6 +592,12 @@ def superposition_statement(out: Path, name: str) -> str:
                      f"(p = {floor:.3f}) and its interval lies above 0{rng}; the partial R^2 (after the layer-0 "
                      f"state and token count) beats its null likewise at {len(part)} of {len(rows)} layers"
                      + (f", up to {max(x['partial_r2_heldout'] for x in part):.2f}" if part else "")
+                     + (f"; beyond the WHOLE layer-0 state (ridge-residualised) and token count, the attributes "
+                        f"explain held-out variance that no shuffled draw reaches, with its interval above 0, at "
+                        f"{len(beyond)} of the {len(later)} layers after layer 0"
+                        + (f" ({min(x['r2_heldout_beyond_layer0'] for x in beyond):.2f}-"
+                           f"{max(x['r2_heldout_beyond_layer0'] for x in beyond):.2f})" if beyond else "")
+                        if later else "")
                      + f". {bonf}.")
     return "\n".join(lines)
 

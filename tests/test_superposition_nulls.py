@@ -340,3 +340,39 @@ def test_rows_of_an_earlier_format_are_recomputed_on_resume(lm, monkeypatch, one
     assert res.per_layer[0]["format"] == S.ROW_FORMAT and res.per_layer[0]["r2_heldout"] < 1.0
     kept = S._run(lm, cfg, rels, 0, False, done={0: res.per_layer[0]})
     assert json.dumps(kept.per_layer[0]) == json.dumps(res.per_layer[0])
+
+
+def test_beyond_layer0_separates_recalled_attributes_from_lexical_ones(one_thread):
+    """States that are a linear function of a layer-0 state which already carries the attributes (lexical
+    geometry): the attributes fit the states (held-out R^2 high) but explain nothing beyond the whole layer-0 state;
+    states that add the attributes to an attribute-free layer-0 state: the statistic finds them, with its null."""
+    from mechfact.llm.superposition_data import SuperpositionConfig
+    from mechfact.llm.superposition_stats import _layer_row, _setup
+
+    n, k, d, d0 = 60, 6, 30, 24
+    V, P = _table(3, n=n, k=k, codes=(4, 5, n))
+    rng = np.random.default_rng(11)
+    attrs = sum(V[P[r]] @ rng.standard_normal((k, d0)) for r in range(3))
+    tokens = rng.integers(1, 4, n).astype(float)
+    cfg = SuperpositionConfig(n_null=39, folds=5)
+    lexical0 = attrs + 0.3 * rng.standard_normal((n, d0))
+    M = rng.standard_normal((d0, d))
+    recalled0 = rng.standard_normal((n, d0))
+    cases = {"lexical": (lexical0, lexical0 @ M + 0.05 * rng.standard_normal((n, d))),
+             "recalled": (recalled0, recalled0 @ M + attrs @ rng.standard_normal((d0, d))
+                          + 0.05 * rng.standard_normal((n, d)))}
+    rows = {}
+    for name, (X0, X) in cases.items():
+        S_ = _setup(V, P, ["a", "b", "c"], X0, tokens, cfg, 0, [False, False, True])
+        rows[name] = _layer_row(X, S_, cfg, 0)
+    lex, rec = rows["lexical"], rows["recalled"]
+    assert lex["r2_heldout"] > 0.6 and lex["p_value"] <= 0.05, lex["r2_heldout"]  # the attributes fit the states
+    assert lex["r2_heldout_layer0_only"] > 0.9  # ... because layer 0 already holds them
+    # three principal components of the layer-0 state do not take that geometry out: the partial R^2 stays high
+    assert lex["partial_r2_heldout"] > 0.5
+    assert lex["r2_heldout_beyond_layer0"] < 0.1 and lex["null_beyond_layer0"]["p_value"] > 0.05, \
+        (lex["r2_heldout_beyond_layer0"], lex["null_beyond_layer0"])
+    assert rec["r2_heldout_beyond_layer0"] > 0.3 and rec["null_beyond_layer0"]["p_value"] <= 1 / 40, \
+        (rec["r2_heldout_beyond_layer0"], rec["null_beyond_layer0"])
+    lo, hi = rec["r2_heldout_beyond_layer0_ci"]
+    assert lo <= rec["r2_heldout_beyond_layer0"] <= hi and lo > 0

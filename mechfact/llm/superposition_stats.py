@@ -20,7 +20,7 @@ MASSIVE_SHARE = 0.5  # one coordinate with more than this share of the states' v
 DROP_SHARE = 0.1  # drop_massive removes coordinates with more than this share of the training variance
 PER_RELATION = 8  # readout directions per relation in the attribute subspace (at most)
 ENERGY = 0.9  # ... enough of them for this share of the readout map's energy
-ROW_FORMAT = 2  # rows without this "format" (earlier versions) are recomputed on resume
+ROW_FORMAT = 3  # rows without this "format" (earlier versions) are recomputed on resume
 
 
 def scaled(X: np.ndarray, tr: np.ndarray, standardize: bool) -> np.ndarray:
@@ -56,6 +56,7 @@ class _Setup:
     pi: np.ndarray  # (n_null, n) subject permutations of the shuffled null
     sub_draws: tuple  # subspace draws [observed, shuffled..., random...]: Gram index, per relation and fold codes
     nuisance: list  # (n, c) nuisance regressors per fold
+    layer0: list  # per fold: FoldKernels of the ridge on the whole layer-0 state (+ token count), (train, test)
     codes: list  # per relation: (code 0..c-1 per subject, its rows of V, one-to-one?, Gram factor per Gram)
     n_features: int
 
@@ -96,6 +97,12 @@ def _setup(V: np.ndarray, P: np.ndarray, names: list[str], X0: np.ndarray, token
     Kn = np.concatenate([K0[None], K[layout["shuffled"]]])
     fk = [core.fold_kernels(K, tr, te) for tr, te in folds]
     fk_nuis = [core.fold_kernels(Kn, tr, te, N) for (tr, te), N in zip(folds, nuis)]
+    layer0 = []  # the whole layer-0 state, centred on the training subjects, and the token count unpenalised
+    for tr, te in folds:
+        Xc = X0 - X0[tr].mean(0)
+        K0x = Xc @ Xc.T
+        layer0.append((core.fold_kernels(K0x, tr, tr, tokens[:, None]),
+                       core.fold_kernels(K0x, tr, te, tokens[:, None])))
     # the subspace draws: observed, shuffled, random features; per relation its codes' Gram factor per Gram
     gi = np.r_[0, np.zeros(B, dtype=int), 1 + np.arange(B)]
     subj = np.concatenate([np.arange(n)[None], pi, np.tile(np.arange(n), (B, 1))])  # whose attributes each gets
@@ -108,7 +115,7 @@ def _setup(V: np.ndarray, P: np.ndarray, names: list[str], X0: np.ndarray, token
         local = np.searchsorted(uniq, P[r])
         codes.append((local, uniq, bool(len(uniq) == n if one_to_one is None else one_to_one[r]), fac))
         sub.append([local[subj[:, tr]] for tr, _ in folds])  # per fold (1 + 2B, m) codes of the training subjects
-    return _Setup(names, V, P, G_all, folds, fk, fk_nuis, layout, pi, (gi, sub), nuis, codes,
+    return _Setup(names, V, P, G_all, folds, fk, fk_nuis, layout, pi, (gi, sub), nuis, layer0, codes,
                   R * int(np.linalg.matrix_rank(V)))
 
 
@@ -219,6 +226,8 @@ def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int) ->
     res = np.zeros((L[f"drop_null.{R - 1}"].stop, n))
     sst = np.zeros(n)
     part_res, part_nuis = np.zeros((1 + B, n)), np.zeros(n)
+    l0_res, l0_sst, l0_only = np.zeros((1 + B, n)), np.zeros(n), np.zeros(n)
+    observed_and_shuffled = np.r_[0, np.arange(L["shuffled"].start, L["shuffled"].stop)]
     sub_res, sub_sst = np.zeros((1 + 2 * B, n)), np.zeros((1 + 2 * B, n))
     correct = np.zeros((R, 1 + B, n))
     chance = np.zeros(R)
@@ -242,6 +251,16 @@ def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int) ->
         g = core.fit_fold(fkn, F)
         part_res[:, te] += g["res"]
         part_nuis[te] += g["nuis"][0]
+        # beyond the whole layer-0 state: the states ridge-residualised on it (alpha by GCV on the training
+        # subjects), then the attributes' fit to what is left, against the shuffled draws
+        a_tr, a_te = S.layer0[k]
+        left = F.copy()
+        left[tr] -= core.fit_fold(a_tr, F, predict=True)["pred"][0]
+        left[te] -= core.fit_fold(a_te, F, predict=True)["pred"][0]
+        l0_only[te] += (left[te] ** 2).sum(1)
+        b = core.fit_fold(fk.select(observed_and_shuffled), left)
+        l0_res[:, te] += b["res"]
+        l0_sst[te] += b["sst"][0]
         # the attribute subspace, refitted under every draw
         gi, sub = S.sub_draws
         Zq, dim = _readout_subspace(F, tr, [(sub[r][k], S.codes[r][3][gi]) for r in range(R)])
@@ -304,6 +323,11 @@ def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int) ->
     row["null_partial"] = stats.null_summary(pr.value, 1 - part_res[1:].sum(1) / part_nuis.sum())
     row.update(stats.fields("r2_heldout_nuisance_only", _ratio_ci(part_nuis, sst, seed)))
     row["nuisance"] = {"token_count": True, "layer0_pcs": cfg.nuisance_pcs}
+    # beyond the whole layer-0 state (ridge-residualised) and the token count
+    lz = _ratio_ci(l0_res[0], l0_sst, seed)
+    row.update(stats.fields("r2_heldout_beyond_layer0", lz))
+    row["null_beyond_layer0"] = stats.null_summary(lz.value, 1 - l0_res[1:].sum(1) / l0_sst.sum())
+    row.update(stats.fields("r2_heldout_layer0_only", _ratio_ci(l0_only, sst, seed)))
     # in the attribute subspace (refitted under every draw)
     so = _ratio_ci(sub_res[0], sub_sst[0], seed)
     row.update(stats.fields("r2_heldout_attribute_subspace", so))
@@ -335,6 +359,7 @@ def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int) ->
     row["n_features"] = S.n_features
     stats.check_reported(row, ["r2_heldout", "r2_train", "control_shuffled_r2_heldout",
                                "control_random_features_r2_heldout", "partial_r2_heldout", "r2_heldout_nuisance_only",
+                               "r2_heldout_beyond_layer0", "r2_heldout_layer0_only",
                                "r2_heldout_attribute_subspace", "alpha"])
     return row
 
