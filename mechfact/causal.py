@@ -197,9 +197,10 @@ def state_transfer(model, source, *, layers=None, max_facts: int | None = None, 
 
 
 def relation_selectivity(model, source, *, layer: int | None = None, n_units: int | None = None, template: int = 0,
-                         seed: int = 0):
+                         seed: int = 0, held_out: bool = True):
     """Relation selectivity of the last-position MLP units: ablate the units most selective for one relation and
-    measure every relation, against as many random units (:mod:`mechfact.probes.selectivity`)."""
+    measure every relation, against as many random units (:mod:`mechfact.probes.selectivity`); ``held_out``: units
+    chosen on one half of the facts, scored on the other (both ways)."""
     from .facts.world import FactWorld
     from .probes import selectivity as sel
 
@@ -208,4 +209,4 @@ def relation_selectivity(model, source, *, layer: int | None = None, n_units: in
 
         _needs_lm(model, source)
         source = known_facts(model, source, template=template)
-    return sel.relation_selectivity(model, source, layer=layer, n_units=n_units, seed=seed)
+    return sel.relation_selectivity(model, source, layer=layer, n_units=n_units, seed=seed, held_out=held_out)

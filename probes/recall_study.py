@@ -44,6 +44,14 @@ def _per_relation(fn, rels, seed: int) -> dict:
             "no_known_facts": skipped}
 
 
+def _selectivity(res) -> dict:
+    """The result without the ablation's unit lists, with where the units were chosen."""
+    out = {k: v for k, v in res.to_dict().items() if k != "ablation"}
+    out["held_out"] = bool(res.ablation.get("held_out"))
+    out["left_out"] = res.ablation.get("left_out", [])
+    return out
+
+
 def run_model(model: str, out: Path, max_facts: int, seed: int = 0) -> None:
     import torch
 
@@ -56,7 +64,7 @@ def run_model(model: str, out: Path, max_facts: int, seed: int = 0) -> None:
     lm = load_model(model)
     rels = as_relations(None, list(RELATIONS))
     L = lm.n_layers
-    layers = sorted({-1, L - 1} | set(range(0, L, 3)))
+    layers = sorted({-1, L - 1, L // 2} | set(range(0, L, 3)))  # L // 2: the layer the transfer test is stated at
     todo = {
         "knockout": lambda: _per_relation(lambda r: mechfact.attention_knockout(lm, r, max_facts=max_facts, seed=seed),
                                           rels, seed),
@@ -66,8 +74,7 @@ def run_model(model: str, out: Path, max_facts: int, seed: int = 0) -> None:
                                             rels, seed),
         "transfer": lambda: mechfact.state_transfer(lm, rels, layers=layers, max_facts=max_facts,
                                                     seed=seed).summary(seed),
-        "selectivity": lambda: {k: v for k, v in mechfact.relation_selectivity(lm, rels, seed=seed).to_dict().items()
-                                if k != "ablation"},
+        "selectivity": lambda: _selectivity(mechfact.relation_selectivity(lm, rels, seed=seed)),
         "atp": lambda: mechfact.attribution_patching(lm, rels, agreement=True, max_facts=ATP_FACTS,
                                                      seed=seed).summary(seed),
     }
@@ -161,8 +168,9 @@ def extraction_table(out: Path) -> str:
 
 
 def transfer_table(out: Path) -> str:
-    rows = ["| model | pairs | at the embedding (fixed in advance) [95%] | its control | best layer (upper bound): "
-            "transferred [95%] | its control | the target keeps its own answer there |", "|---|---|---|---|---|---|---|"]
+    rows = ["| model | pairs | middle block (fixed in advance): transferred [95%] | its control | transferred - "
+            "control, paired [95%], p | verdict | at the embedding | best layer (upper bound): transferred [95%] | its "
+            "control | the target keeps its own answer there |", "|---|---|---|---|---|---|---|---|---|---|"]
     for m in MODELS:
         r = _read(out / m / "transfer.json")
         if not r:
@@ -171,9 +179,20 @@ def transfer_table(out: Path) -> str:
         pooled = s["pooled"]
         best = max(pooled, key=lambda p: p["accuracy"])
         emb = next((p for p in pooled if p["layer"] == -1), None)
-        rows.append(f"| {r['model']} | {s['n_pairs']} | "
+        fx = s.get("fixed")
+        if fx:
+            d = fx["vs_control"]
+            ci = d["diff_ci"]
+            fixed = (f"{_pct(fx['accuracy'], fx['accuracy_ci'])} at {_layer(fx['layer'], L)} | "
+                     f"{_pct(fx['control'], fx['control_ci'])} | {100 * d['diff']:+.1f} pp"
+                     + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci[0] is not None else "")
+                     + f", p {d['p_value']:.3f} | " + {"above": "transfers", "below": "below its control",
+                                                       "undecided": "undecided"}[d["verdict"]] + " |")
+        else:
+            fixed = "— | — | — | — |"
+        rows.append(f"| {r['model']} | {s['n_pairs']} | {fixed} "
                     f"{_pct(emb['accuracy'], emb['accuracy_ci']) if emb else '—'} | "
-                    f"{_pct(emb['control']) if emb else '—'} | {_pct(best['accuracy'], best['accuracy_ci'])} at "
+                    f"{_pct(best['accuracy'], best['accuracy_ci'])} at "
                     f"{_layer(best['layer'], L)} | {_pct(best['control'], best['control_ci'])} | "
                     f"{_pct(best['kept'])} |")
     return "\n".join(rows)
@@ -197,14 +216,16 @@ def transfer_per_relation(out: Path) -> str:
 
 
 def selectivity_table(out: Path) -> str:
-    rows = ["| model | site | relations (known facts) | own-relation drop minus others' (selective units) | "
-            "same, random units |", "|---|---|---|---|---|"]
+    rows = ["| model | site | relations (known facts) | units chosen on | own-relation drop minus others' (selective "
+            "units) | same, random units |", "|---|---|---|---|---|---|"]
     for m in MODELS:
         r = _read(out / m / "selectivity.json")
         if r:
             s = r["result"]
             rels = ", ".join(f"{a} ({n})" for a, n in zip(s["relations"], s["n_facts"]))
-            rows.append(f"| {r['model']} | {s['site']} | {rels} | {_pct(s['score'])} | {_pct(s['random_score'])} |")
+            chosen = "the other half" if s.get("held_out") else "the same facts (upper bound)"
+            rows.append(f"| {r['model']} | {s['site']} | {rels} | {chosen} | {_pct(s['score'])} | "
+                        f"{_pct(s['random_score'])} |")
     return "\n".join(rows)
 
 
@@ -294,17 +315,22 @@ def write_doc(out: Path, path: Path) -> None:
              "subject's.\n", attribute_table(out), "",
              "## Extraction events at the last position\n", extraction_table(out), "",
              "## Subject-state transfer (the state holds all its attributes)\n",
-             "Subject s's last-token state from the prompt \"{s}\" alone patched into relation r's prompt for another "
-             "subject s' at the same layer: how often the answer becomes s's object for r, beside a random third "
-             "subject's state (control: it gives s's object by chance, e.g. a shared continent). Every 3rd layer "
-             "is tested; the embedding is the layer fixed in advance, the best layer is chosen on the same facts "
-             "(an upper bound). A pair needs two known facts of the relation with different answers (SmolLM2's "
-             "known company_country facts share one country: no pair).\n", transfer_table(out), "",
+             "Subject s's last-token state, read from BOS plus s's tokens as relation r's prompt tokenises them "
+             "(the same tokens the recipient prompt holds, leading space included), patched into relation r's "
+             "prompt for another subject s' at the same layer: how often the answer becomes s's object for r, "
+             "beside a random third subject's state of the same token length (control: it gives s's object by "
+             "chance, e.g. a shared continent). The test is stated before the run at the middle block "
+             "(layer L // 2): transferred minus control, paired over the source facts (bootstrap interval, sign-flip "
+             "p; \"transfers\" when p < 0.05 and the difference is positive). Every 3rd layer is also run; the best "
+             "layer is chosen on the same facts (an upper bound). A pair needs two known facts of the relation with "
+             "different answers (SmolLM2's known company_country facts share one country: no pair).\n",
+             transfer_table(out), "",
              "Per relation:\n", transfer_per_relation(out), "",
              "## Relation selectivity of last-position MLP units\n",
              "The units of the middle block's MLP that prefer one relation at the last position zeroed; the accuracy "
              "drop on that relation minus the mean drop on the others (1: selective units; 0: none), against as "
-             "many random units.\n", selectivity_table(out), "",
+             "many random units. The units are chosen on one half of each relation's known facts and scored on the "
+             "other half, then the halves swap (no fact scores units chosen on it).\n", selectivity_table(out), "",
              "## Attribution patching against exact patching\n",
              "State restorations under Gaussian noise (10 draws): AtP's linear estimate of every (token, layer) "
              "cell against the exact restored probability, ranked per prompt.\n", atp_table(out), "",

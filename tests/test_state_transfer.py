@@ -78,8 +78,9 @@ def test_random_weights_know_nothing_to_transfer(construction, one_thread):
 
 
 def _reference(lm, rel, rec, memo):
-    """One pair in plain hooks: the neutral prompt "{subject}" run alone, its last state written into the target
-    prompt at the same hook, the top-1 at the last token; for the source and the control subject, and unpatched."""
+    """One pair in plain hooks: the neutral prompt (BOS + the donor subject's tokens as the relation's prompt
+    tokenises them) run alone, its last state written into the target prompt at the same hook, the top-1 at the
+    last token; for the source and the control subject, and unpatched."""
     from mechfact import hooks
     from mechfact.llm.prompts import build_prompts
 
@@ -88,11 +89,13 @@ def _reference(lm, rel, rec, memo):
     name = hooks.embed() if rec["layer"] < 0 else hooks.resid(rec["layer"], "post")
     x = torch.tensor([target.tokens])
     out = []
-    for subject in (rec["subject"], rec["control_subject"]):
-        if subject not in memo:
-            neutral = [lm.bos_id] + lm.tokenizer(subject, add_special_tokens=False)["input_ids"]
-            memo[subject] = lm.run_with_cache(torch.tensor([neutral]))[1]
-        state = memo[subject][name][0, -1].clone()
+    for subject, fact in ((rec["subject"], rec["fact"]), (rec["control_subject"], rec["control_fact"])):
+        if (rel.name, subject) not in memo:
+            own = build_prompts(rel, lm.tokenizer, lm.bos_id, k=0, samples=[fact])[0]
+            assert own.subject == subject
+            neutral = [lm.bos_id] + own.tokens[own.subject_first:own.subject_last + 1]
+            memo[rel.name, subject] = lm.run_with_cache(torch.tensor([neutral]))[1]
+        state = memo[rel.name, subject][name][0, -1].clone()
 
         def put(act, hook=None, state=state):
             act[0, target.subject_last] = state
@@ -108,7 +111,7 @@ def test_batched_transfer_equals_the_per_pair_loop(tiny_llama, one_thread):
     lm, rels = tiny_llama
     res = state_transfer(lm, rels, batch_size=7)  # batches mix lengths and relations
     assert {r["name"]: r["n_known"] for r in res.relations} == {"tiny_capital": 10, "tiny_colour": 12}
-    assert res.layers == (-1, 0, 1, 2)
+    assert res.layers == (-1, 0, 1, 2) and res.fixed_layer == 1
     by_name = {r.name: r for r in rels}
     moved, memo = 0, {}
     with torch.no_grad():
@@ -133,7 +136,7 @@ def test_selectivity_reproduces_the_ablation_on_the_construction(construction, o
     from mechfact import relation_selectivity
 
     model, world = construction
-    sel = relation_selectivity(model, world, seed=0)
+    sel = relation_selectivity(model, world, seed=0, held_out=False)
     ab = ablate_relation_units(model, world, seed=0)
     assert sel.site == ab.site == "blocks.0.mlp.hook_post" and sel.relations == ["r0", "r1", "r2"]
     assert sel.n_facts == [64, 64, 64] and sel.clean == ab.clean_per_relation == [1.0, 1.0, 1.0]
@@ -152,6 +155,14 @@ def test_selectivity_reproduces_the_ablation_on_the_construction(construction, o
     assert A[~np.eye(3, dtype=bool)].min() == 1.0
     assert sel.score == pytest.approx((2 - A[1, 1] - A[2, 2]) / 3)
     assert sel.score > 0.6 and sel.score - sel.random_score > 0.3
+    # chosen on one half of the facts, scored on the other: the construction's selector units are found from half
+    # the facts, so the held-out matrix is the same
+    ho = relation_selectivity(model, world, seed=0)
+    assert ho.ablation["held_out"] and len(ho.ablation["folds"]) == 2 and ho.n_facts == [64, 64, 64]
+    assert np.allclose(ho.accuracy, A, atol=0.05) and ho.score == pytest.approx(sel.score, abs=0.05)
+    for f in ho.ablation["folds"]:  # each fold's units are r's selector units of the full set
+        for i, row in enumerate(f):
+            assert set(row["ablated_units"]) == set(ab.per_relation[i]["ablated_units"])
 
 
 def test_selectivity_runs_on_a_tiny_llm(tiny_llama, one_thread):

@@ -1,6 +1,8 @@
 """Relations of a pretrained model as the facts :mod:`mechfact.probes.state_transfer` runs on: zero-shot prompts
 of one template, the facts the model knows (the LRE authors' prefix match of the clean top-1), and each subject's
-neutral prompt ``"{subject}"`` (BOS, when the model prepends one, plus the subject's tokens)."""
+neutral prompt per relation: BOS (when the model prepends one) plus the subject's tokens as that relation's prompt
+tokenises them (a mid-sentence subject keeps its leading space), so a patched state is that of the very tokens the
+recipient prompt holds."""
 
 from __future__ import annotations
 
@@ -37,13 +39,15 @@ def transfer_facts(lm, relations, *, template: int = 0) -> TransferFacts:
         prompts = _prompts(lm, rel, template)
         top = predictions(lm, ProbeSet.from_prompts(prompts, pad_id=lm.pad_id))
         known = [TransferFact(i, p.subject, tuple(o for s, o in zip(rel.subjects, rel.objects) if s == p.subject),
-                              p.tokens, p.subject_last, int(top[i]))
+                              p.tokens, p.subject_last, int(top[i]), p.subject_last - p.subject_first + 1)
                  for i, p in enumerate(prompts) if prefix_match(tok, int(top[i]), [p.object])]
         rels.append(TransferRelation(rel.name, len(prompts), known, matches))
         for f in known:
-            if f.subject not in neutral:
-                toks, _, last = tokenize_prompt(tok, f.subject, (0, len(f.subject)), lm.bos_id)
-                neutral[f.subject] = (toks, last)
+            if (rel.name, f.subject) not in neutral:
+                p = prompts[f.index]
+                toks = ([lm.bos_id] if p.subject_first > 0 and p.tokens[0] == lm.bos_id else []) \
+                    + list(p.tokens[p.subject_first:p.subject_last + 1])
+                neutral[(rel.name, f.subject)] = (toks, len(toks) - 1)
     return TransferFacts(rels, neutral, int(lm.pad_id))
 
 

@@ -11,6 +11,11 @@ accuracy[r][r2]`` on the diagonal minus its mean off the diagonal is the selecti
 removes r and nothing else; 0: no relation-specific units). The control ablates as many random units
 (:func:`~mechfact.probes.patching.ablate_relation_units` draws both sets; its numbers are the matrix's diagonal and
 the pooled off-diagonal).
+
+``held_out=True`` (the default): the units are chosen on one half of each relation's known facts and the
+accuracies measured on the other half, then the halves swap and each cell is the mean over both, weighted by the
+facts scored (cross-fitting: no fact scores units chosen on it). A relation needs two known facts to be split;
+one with fewer is left out. ``held_out=False`` chooses and scores on the same facts (an upper bound).
 """
 
 from __future__ import annotations
@@ -74,8 +79,54 @@ def world_known_facts(model, world) -> KnownFacts:
     return KnownFacts(ps.subset(known), [f"r{r}" for r in range(world.n_relations)])
 
 
+def _halves(ps: ProbeSet, seed: int) -> tuple[ProbeSet, ProbeSet]:
+    """Each relation's facts split in two (a seeded order; the first half gets the odd one)."""
+    rng = np.random.default_rng(seed)
+    a, b = [], []
+    for r in ps.relation_ids:
+        idx = torch.nonzero(ps.relations == r).reshape(-1).numpy()
+        idx = idx[rng.permutation(len(idx))]
+        h = (len(idx) + 1) // 2
+        a += idx[:h].tolist()
+        b += idx[h:].tolist()
+    return ps.subset(torch.tensor(sorted(a))), ps.subset(torch.tensor(sorted(b)))
+
+
+def _held_out(model, ps: ProbeSet, site: str, n_units: int | None, seed: int):
+    """(accuracy, random-unit accuracy, n_units per relation, the folds' units): units chosen on one half, scored
+    on the other, both ways (module docstring)."""
+    from .patching import Intervention, intervened_accuracy, relation_units, selectivity
+
+    rels = ps.relation_ids
+    R = len(rels)
+    halves = _halves(ps, seed)
+    acc, rnd, weight = np.zeros((R, R)), np.zeros((R, R)), np.zeros((R, R))
+    folds = []
+    for k, (choose, score) in enumerate((halves, halves[::-1])):
+        sel = selectivity(model, choose, site)
+        rng = np.random.default_rng([seed, k])
+        width = len(sel.preferred)
+        fold = []
+        for i, r in enumerate(rels):
+            units = relation_units(sel, r, n_units)
+            rand = sorted(int(u) for u in rng.choice(width, size=len(units), replace=False)) if units else []
+            fold.append({"relation": int(r), "ablated_units": units, "random_units": rand})
+            for j, r2 in enumerate(rels):
+                facts = score.for_relation(r2)
+                w = len(facts)
+                clean = intervened_accuracy(model, facts, [])
+                acc[i, j] += w * (intervened_accuracy(model, facts, [Intervention(site, "zero", units)])
+                                  if units else clean)
+                rnd[i, j] += w * (intervened_accuracy(model, facts, [Intervention(site, "zero", rand)])
+                                  if rand else clean)
+                weight[i, j] += w
+        folds.append(fold)
+    n = [int(round(np.mean([len(f[i]["ablated_units"]) for f in folds]))) for i in range(R)]
+    return acc / weight, rnd / weight, n, folds
+
+
 def relation_selectivity(model, relations, *, layer: int | None = None, n_units: int | None = None,
-                         seed: int = 0) -> RelationSelectivity:
+                         seed: int = 0, held_out: bool = True) -> RelationSelectivity:
     """Relation selectivity of the last-position MLP units of ``layer`` (module docstring).
 
     ``model``: a FactModel with ``relations`` its FactWorld, or any hooked model with :class:`KnownFacts`
@@ -105,6 +156,20 @@ def relation_selectivity(model, relations, *, layer: int | None = None, n_units:
     if len(ps) == 0:
         raise ValueError(f"no known facts: the model answers none of the facts of {', '.join(names)}; relation "
                          "selectivity needs facts the model knows")
+    if held_out:
+        few = [r for r in ps.relation_ids if len(ps.for_relation(r)) < 2]
+        if few:
+            ps = ps.subset(torch.nonzero(~torch.isin(ps.relations, torch.tensor(few))).reshape(-1))
+        if len(ps.relation_ids) == 0:
+            raise ValueError(f"no relation of {', '.join(names)} has two known facts: held-out selectivity chooses "
+                             "units on one half of a relation's facts and scores the other (held_out=False scores "
+                             "the facts it chose on)")
+        rels = ps.relation_ids
+        subsets = {r: ps.for_relation(r) for r in rels}
+        clean = np.array([intervened_accuracy(model, subsets[r], []) for r in rels])
+        acc, rnd, n_abl, folds = _held_out(model, ps, site, n_units, seed)
+        return _result(site, layer, names, rels, subsets, n_abl, clean, acc, rnd,
+                       {"held_out": True, "left_out": [names[r] for r in few], "folds": folds})
     ab = ablate_relation_units(model, ps, site=site, n_units=n_units, seed=seed)
     rels = ps.relation_ids
     clean = np.array(ab.clean_per_relation)
@@ -119,24 +184,28 @@ def relation_selectivity(model, relations, *, layer: int | None = None, n_units:
                     else clean[j]
         return M
 
-    acc, rnd = matrix("ablated_units"), matrix("random_units")
+    return _result(site, layer, names, rels, subsets, [row["n_ablated"] for row in ab.per_relation], clean,
+                   matrix("ablated_units"), matrix("random_units"), {"held_out": False, **ab.to_dict()})
+
+
+def _result(site, layer, names, rels, subsets, n_units, clean, acc, rnd, ablation) -> RelationSelectivity:
     drop, rdrop = clean[None] - acc, clean[None] - rnd
     R = len(rels)
     per = []
     for i, r in enumerate(rels):
         others = [j for j in range(R) if j != i]
-        per.append({"relation": names[r], "n_units": ab.per_relation[i]["n_ablated"], "drop_on_relation": drop[i, i],
+        per.append({"relation": names[r], "n_units": n_units[i], "drop_on_relation": drop[i, i],
                     "drop_on_others": float(drop[i, others].mean()) if others else None,
                     "random_drop_on_relation": rdrop[i, i],
                     "random_drop_on_others": float(rdrop[i, others].mean()) if others else None})
     return RelationSelectivity(site=site, layer=layer, relations=[names[r] for r in rels],
                                n_facts=[len(subsets[r]) for r in rels],
-                               n_units=[row["n_ablated"] for row in ab.per_relation], clean=clean.tolist(),
+                               n_units=list(n_units), clean=clean.tolist(),
                                accuracy=acc.tolist(), random_accuracy=rnd.tolist(), drop=drop.tolist(),
                                random_drop=rdrop.tolist(), score=_score(drop), random_score=_score(rdrop),
                                per_relation=[{k: (float(v) if isinstance(v, np.floating) else v) for k, v in p.items()}
                                              for p in per],
-                               ablation=ab.to_dict())
+                               ablation=ablation)
 
 
 __all__ = ["KnownFacts", "RelationSelectivity", "relation_selectivity", "world_known_facts"]

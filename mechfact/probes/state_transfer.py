@@ -4,8 +4,9 @@ once, and a relation-conditioned MLP at the last position selects one.
 **(a) Subject-state transfer** (:func:`state_transfer`). Per relation r and layer l, for a known fact (s, r):
 
 1. **Neutral state**: subject s's last-token residual state at layer l read from a context that names no
-   relation. A pretrained model reads the prompt ``"{subject}"`` (BOS, when the model prepends one, plus the
-   subject's tokens). A fact model reads the one-token sequence ``[s]``: its queries ``[s, r]`` put the subject at
+   relation. A pretrained model reads BOS (when the model prepends one) plus the subject's tokens AS THEY ARE
+   TOKENISED IN RELATION r's PROMPT (with the leading space a mid-sentence subject takes), so the patched state is
+   that of the same tokens the recipient prompt holds, not of another spelling. A fact model reads the one-token sequence ``[s]``: its queries ``[s, r]`` put the subject at
    position 0, and causal attention makes position 0's states those of ``[s]`` alone whatever relation follows,
    so this is the subject token of any relation's prompt.
 2. **Transfer**: relation r's prompt for another subject s' (whose fact (s', r) the model also knows, and whose
@@ -14,9 +15,15 @@ once, and a relation-conditioned MLP at the last position selects one.
    **Success**: the top-1 token at the prompt's last position is s's object: the object token of a fact model,
    the LRE authors' prefix match for a pretrained model (:func:`mechfact.llm.prompts.prefix_match`).
 3. **Control**: the same prompt of s' with the state of a random third subject s'' of the relation (not s, not
-   s') patched in. ``control``: the output is s's object anyway (the chance rate of a success);
+   s') patched in, drawn among the subjects of as many tokens as s (``control_same_length``: whether one was
+   there; else any). ``control``: the output is s's object anyway (the chance rate of a success);
    ``control_moved``: it is the control subject's object (its state transfers too); ``control_kept``: it stays
    the target's own object. The transfer rows also record ``kept`` (the output stays the target's own object).
+
+**The fixed layer**: the middle block (``n_layers // 2``; among the default layers) is the layer the test is
+stated at before the run; ``summary()["fixed"]`` gives its transfer rate against its control, paired over the source facts (the
+same target prompt), with a bootstrap interval and a sign-flip p-value (:func:`mechfact.stats.paired_difference`).
+The best layer over all those run is an upper bound (chosen on the facts it scores).
 
 A fact is known when the clean prompt's top-1 is its object (object token, or prefix match for a pretrained
 model); a pair needs distinct subjects and answers that differ (neither clean top-1 matches the other fact's
@@ -63,6 +70,7 @@ class TransferFact:
     tokens: list[int]  # the relation's prompt
     subject_pos: int  # last subject token in ``tokens``
     top1: int  # clean top-1 token at the last position
+    subject_len: int = 1  # the subject's tokens in ``tokens``
 
 
 @dataclass
@@ -78,7 +86,8 @@ class TransferRelation:
 @dataclass
 class TransferFacts:
     """What :func:`state_transfer` runs on: the relations' known facts, each subject's neutral prompt (tokens and
-    last subject token), and the padding token. A FactWorld is turned into one here; pretrained-model relations
+    last subject token; keyed by ``(relation name, subject)``, or by the subject alone where every relation
+    shares it), and the padding token. A FactWorld is turned into one here; pretrained-model relations
     by :func:`mechfact.llm.transfer.transfer_facts`."""
 
     relations: list[TransferRelation]
@@ -136,6 +145,10 @@ class _Neutral:
     subject_last: int
 
 
+def _neutral(source: TransferFacts, relation: str, subject: str) -> tuple[list[int], int]:
+    return source.neutral.get((relation, subject)) or source.neutral[subject]
+
+
 def _pairs(rel: TransferRelation, max_facts: int | None, seed: int) -> list[tuple[TransferFact, TransferFact, TransferFact]]:
     """(source s, target s', control s'') per source fact; see the module docstring."""
     facts = rel.known
@@ -153,6 +166,7 @@ def _pairs(rel: TransferRelation, max_facts: int | None, seed: int) -> list[tupl
         controls = [c for c in facts if c.subject not in (s.subject, t.subject)]
         if not controls:
             continue
+        controls = [c for c in controls if c.subject_len == s.subject_len] or controls
         out.append((s, t, controls[int(rng.integers(len(controls)))]))
     return out
 
@@ -207,6 +221,7 @@ class TransferResult:
     layers: tuple[int, ...]
     relations: list[dict]  # name, n_facts, n_known, n_pairs
     records: list[dict] = field(repr=False)
+    fixed_layer: int | None = None  # the layer the test is stated at (module docstring)
 
     def summary(self, seed: int = 0) -> dict:
         """``per_relation``: per relation and layer, each rate with its 95% bootstrap interval over facts and its
@@ -227,7 +242,14 @@ class TransferResult:
                     per.append({"relation": rel["name"], "layer": layer, "n": len(recs), **row(recs)})
             if at:
                 pooled.append({"layer": layer, "n": len(at), **row(at)})
-        return {"n_pairs": sum(r["n_pairs"] for r in self.relations), "per_relation": per, "pooled": pooled}
+        out = {"n_pairs": sum(r["n_pairs"] for r in self.relations), "per_relation": per, "pooled": pooled}
+        at = [r for r in self.records if r["layer"] == self.fixed_layer]
+        if at:
+            out["fixed"] = {"layer": self.fixed_layer, "n": len(at), **row(at),
+                            "control_same_length": float(np.mean([r.get("control_same_length", True) for r in at])),
+                            "vs_control": stats.paired_difference([r["success"] for r in at],
+                                                                  [r["control"] for r in at], seed=seed)}
+        return out
 
     def accuracy(self, relation: str | None = None) -> dict[int, float]:
         """Transfer success rate per layer (of one relation, or pooled)."""
@@ -239,7 +261,8 @@ class TransferResult:
         return out
 
     def to_dict(self) -> dict:
-        return {"layers": list(self.layers), "relations": self.relations, "records": self.records}
+        return {"layers": list(self.layers), "fixed_layer": self.fixed_layer, "relations": self.relations,
+                "records": self.records}
 
 
 def state_transfer(model, source, *, layers=None, max_facts: int | None = None, seed: int = 0,
@@ -262,7 +285,7 @@ def state_transfer(model, source, *, layers=None, max_facts: int | None = None, 
     if not isinstance(source, TransferFacts):
         raise ValueError(f"source of type {type(source).__name__}: expected a FactWorld or TransferFacts "
                          "(relations of a pretrained model: mechfact.state_transfer)")
-    rels, neutral, pad_id = source.relations, source.neutral, source.pad_id
+    rels, pad_id = source.relations, source.pad_id
     n_facts, n_known = sum(r.n_facts for r in rels), sum(len(r.known) for r in rels)
     if n_known == 0:
         raise ValueError(f"no known facts: the model answers none of the {n_facts} facts of "
@@ -278,14 +301,15 @@ def state_transfer(model, source, *, layers=None, max_facts: int | None = None, 
         if not i["n_pairs"]:
             logger.warning("%s: %d known facts, no usable pair; left out", i["name"], i["n_known"])
     rows = [(r, s, t, c) for r in rels for s, t, c in pairs[r.name]]
-    subjects = sorted({x.subject for _, s, _, c in rows for x in (s, c)})
-    slot = {s: i for i, s in enumerate(subjects)}
-    nps = ProbeSet.from_prompts([_Neutral(neutral[s][0], neutral[s][1], neutral[s][1]) for s in subjects],
+    donors = sorted({(r.name, x.subject) for r, s, _, c in rows for x in (s, c)})
+    slot = {d: i for i, d in enumerate(donors)}
+    nps = ProbeSet.from_prompts([_Neutral(toks, last, last) for toks, last in (_neutral(source, *d) for d in donors)],
                                 pad_id=pad_id)
     acts = collect(model, nps, [Site(_site(l), "subject") for l in layers], batch_size=batch_size)
     tokens = [t.tokens for _, _, t, _ in rows] * 2
     pos = [t.subject_pos for _, _, t, _ in rows] * 2
-    src = torch.tensor([slot[s.subject] for _, s, _, _ in rows] + [slot[c.subject] for _, _, _, c in rows])
+    src = torch.tensor([slot[r.name, s.subject] for r, s, _, _ in rows] + [slot[r.name, c.subject]
+                                                                            for r, _, _, c in rows])
     records = []
     for layer in tqdm(layers, desc="state transfer", disable=not progress):
         states = acts[Site(_site(layer), "subject")][src]
@@ -298,8 +322,9 @@ def state_transfer(model, source, *, layers=None, max_facts: int | None = None, 
                             "control_subject": c.subject, "success": bool(r.matches(a, s.objects)),
                             "kept": bool(r.matches(a, t.objects)), "control": bool(r.matches(b, s.objects)),
                             "control_moved": bool(r.matches(b, c.objects)),
-                            "control_kept": bool(r.matches(b, t.objects)), "top1": int(a), "control_top1": int(b)})
-    return TransferResult(tuple(layers), info, records)
+                            "control_kept": bool(r.matches(b, t.objects)), "top1": int(a), "control_top1": int(b),
+                            "control_same_length": c.subject_len == s.subject_len})
+    return TransferResult(tuple(layers), info, records, L // 2)
 
 
 __all__ = ["TransferFact", "TransferRelation", "TransferFacts", "TransferResult", "state_transfer", "world_facts"]
