@@ -153,6 +153,8 @@ def test_llm_verdicts_follow_the_numbers():
 
     def layer(r2, dec, p=0.005, lo=None):
         return {"layer": 3, "r2_heldout": r2, "r2_heldout_ci": [r2 - 0.1 if lo is None else lo, r2 + 0.1],
+                "r2_heldout_beyond_layer0": 0.2, "r2_heldout_beyond_layer0_ci": [0.1, 0.3],
+                "null_beyond_layer0": {"p_value": 0.005},
                 "p_value": p, "null_shuffled": {"n_null": 200},
                 "control_shuffled_r2_heldout": 0.0, "control_random_features_r2_heldout": 0.0,
                 "decodability": {f"countries_{k}": {"accuracy": a, "control_accuracy": 0.1, "chance": 0.2,

@@ -295,8 +295,11 @@ def test_llm_readout(best, verdict):
         assert "one-to-one" in c.why
 
 
-def _layer(r2, dec, p=0.005, lo=None, dec_p=0.005):
-    return {"layer": 3, "r2_heldout": r2, "r2_heldout_ci": [r2 - 0.1 if lo is None else lo, r2 + 0.1],
+def _layer(r2, dec, p=0.005, lo=None, dec_p=0.005, beyond=(0.2, 0.005, 0.05)):
+    """``beyond``: (R^2 beyond the whole layer-0 state, its null p, the lower end of its interval), or None."""
+    extra = {} if beyond is None else {"r2_heldout_beyond_layer0": beyond[0], "null_beyond_layer0": {"p_value": beyond[1]},
+                                       "r2_heldout_beyond_layer0_ci": [beyond[2], beyond[0] + 0.1]}
+    return {**extra, "layer": 3, "r2_heldout": r2, "r2_heldout_ci": [r2 - 0.1 if lo is None else lo, r2 + 0.1],
             "p_value": p, "null_shuffled": {"n_null": 200}, "control_shuffled_r2_heldout": 0.0,
             "control_random_features_r2_heldout": 0.0,
             "decodability": {f"countries_{k}": {"accuracy": a, "control_accuracy": 0.1, "chance": 0.2,
@@ -309,6 +312,10 @@ SUP = {"relations": ["x"] * 5, "subjects": ["s"] * 73}
 @pytest.mark.parametrize("layers, verdict", [
     ([_layer(0.6, {"a": 0.9, "b": 0.8})], HOLDS),
     ([_layer(0.3, {"a": 0.36, "b": 0.35})], HOLDS),  # R^2 at 0.3, readouts 0.15 above chance
+    # the same fit that the layer-0 state already carries (nothing beyond it), or a run without that test
+    ([_layer(0.6, {"a": 0.9, "b": 0.8}, beyond=(0.01, 0.4, -0.02))], PART),
+    ([_layer(0.6, {"a": 0.9, "b": 0.8}, beyond=(0.2, 0.005, -0.01))], PART),
+    ([_layer(0.6, {"a": 0.9, "b": 0.8}, beyond=None)], PART),
     ([_layer(0.29, {"a": 0.9, "b": 0.8})], PART),  # significant fit, R^2 below 0.3
     ([_layer(0.6, {"a": 0.9, "b": 0.8}, p=0.2)], PART),  # decodable, fit not beating its null
     ([_layer(0.0, {"a": 0.9, "b": 0.8}, lo=-0.05)], PART),
