@@ -358,9 +358,12 @@ def test_beyond_layer0_separates_recalled_attributes_from_lexical_ones(one_threa
     lexical0 = attrs + 0.3 * rng.standard_normal((n, d0))
     M = rng.standard_normal((d0, d))
     recalled0 = rng.standard_normal((n, d0))
+    wide0 = rng.standard_normal((n, 200))  # more coordinates than subjects
     cases = {"lexical": (lexical0, lexical0 @ M + 0.05 * rng.standard_normal((n, d))),
              "recalled": (recalled0, recalled0 @ M + attrs @ rng.standard_normal((d0, d))
-                          + 0.05 * rng.standard_normal((n, d)))}
+                          + 0.05 * rng.standard_normal((n, d))),
+             "recalled_wide": (wide0, wide0 @ rng.standard_normal((200, d)) / 4 + attrs @ rng.standard_normal((d0, d))
+                               + 0.05 * rng.standard_normal((n, d)))}
     rows = {}
     for name, (X0, X) in cases.items():
         S_ = _setup(V, P, ["a", "b", "c"], X0, tokens, cfg, 0, [False, False, True])
@@ -376,3 +379,7 @@ def test_beyond_layer0_separates_recalled_attributes_from_lexical_ones(one_threa
         (rec["r2_heldout_beyond_layer0"], rec["null_beyond_layer0"])
     lo, hi = rec["r2_heldout_beyond_layer0_ci"]
     assert lo <= rec["r2_heldout_beyond_layer0"] <= hi and lo > 0
+    # a layer-0 state wider than the subjects are many (its training residuals out of fold): still found
+    wide = rows["recalled_wide"]
+    assert wide["r2_heldout_beyond_layer0"] > 0.3 and wide["null_beyond_layer0"]["p_value"] <= 1 / 40, \
+        (wide["r2_heldout_beyond_layer0"], wide["null_beyond_layer0"])

@@ -48,7 +48,8 @@ Nulls and controls, per layer (``n_null`` draws each, default 200; the same draw
   ``1 - SSE(nuisance + attributes) / SSE(nuisance)`` on held-out subjects, against the shuffled null;
 * ``r2_heldout_beyond_layer0``: what the attributes explain of the states once the WHOLE layer-0 state and the
   token count are taken out: per fold, the states ridge-regressed on the layer-0 state (alpha by GCV, token
-  count unpenalised, fitted on the training subjects), then the attributes' fit to the residual, ``1 -
+  count unpenalised, fitted on the training subjects; the training subjects' residuals out of fold, from an
+  inner k-fold, as the held-out ones), then the attributes' fit to the residual, ``1 -
   SSE / SSE(residual about its training mean)`` on held-out subjects, against the shuffled null
   (``null_beyond_layer0``); ``r2_heldout_layer0_only``: what the layer-0 state and token count alone predict of
   the held-out states (lexical geometry: a signal already there at layer 0 is not recall);

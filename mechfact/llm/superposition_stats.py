@@ -14,13 +14,14 @@ import numpy as np
 
 from .. import stats
 from ..probes import superposition as core
+from ..seeding import derive_seed
 from .superposition_data import SuperpositionConfig
 
 MASSIVE_SHARE = 0.5  # one coordinate with more than this share of the states' variance: "massive", a warning
 DROP_SHARE = 0.1  # drop_massive removes coordinates with more than this share of the training variance
 PER_RELATION = 8  # readout directions per relation in the attribute subspace (at most)
 ENERGY = 0.9  # ... enough of them for this share of the readout map's energy
-ROW_FORMAT = 3  # rows without this "format" (earlier versions) are recomputed on resume
+ROW_FORMAT = 4  # rows without this "format" (earlier versions) are recomputed on resume
 
 
 def scaled(X: np.ndarray, tr: np.ndarray, standardize: bool) -> np.ndarray:
@@ -56,7 +57,8 @@ class _Setup:
     pi: np.ndarray  # (n_null, n) subject permutations of the shuffled null
     sub_draws: tuple  # subspace draws [observed, shuffled..., random...]: Gram index, per relation and fold codes
     nuisance: list  # (n, c) nuisance regressors per fold
-    layer0: list  # per fold: FoldKernels of the ridge on the whole layer-0 state (+ token count), (train, test)
+    layer0: list  # per fold: FoldKernels of the ridge on the whole layer-0 state (+ token count): the training
+    # subjects' inner folds (out-of-fold residuals), and training -> held-out
     codes: list  # per relation: (code 0..c-1 per subject, its rows of V, one-to-one?, Gram factor per Gram)
     n_features: int
 
@@ -98,10 +100,14 @@ def _setup(V: np.ndarray, P: np.ndarray, names: list[str], X0: np.ndarray, token
     fk = [core.fold_kernels(K, tr, te) for tr, te in folds]
     fk_nuis = [core.fold_kernels(Kn, tr, te, N) for (tr, te), N in zip(folds, nuis)]
     layer0 = []  # the whole layer-0 state, centred on the training subjects, and the token count unpenalised
-    for tr, te in folds:
+    for k, (tr, te) in enumerate(folds):
         Xc = X0 - X0[tr].mean(0)
         K0x = Xc @ Xc.T
-        layer0.append((core.fold_kernels(K0x, tr, tr, tokens[:, None]),
+        # the training subjects' residuals out of fold (an inner k-fold): with more coordinates than subjects an
+        # in-sample ridge fit leaves next to nothing of the training states, and the attributes would be fitted
+        # to that
+        inner = core.kfold(len(tr), cfg.k_folds, 1, derive_seed(seed, "llm.superposition.layer0_inner", k))
+        layer0.append(([core.fold_kernels(K0x, tr[a], tr[b], tokens[:, None]) for a, b in inner],
                        core.fold_kernels(K0x, tr, te, tokens[:, None])))
     # the subspace draws: observed, shuffled, random features; per relation its codes' Gram factor per Gram
     gi = np.r_[0, np.zeros(B, dtype=int), 1 + np.arange(B)]
@@ -253,9 +259,10 @@ def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int) ->
         part_nuis[te] += g["nuis"][0]
         # beyond the whole layer-0 state: the states ridge-residualised on it (alpha by GCV on the training
         # subjects), then the attributes' fit to what is left, against the shuffled draws
-        a_tr, a_te = S.layer0[k]
+        inner, a_te = S.layer0[k]
         left = F.copy()
-        left[tr] -= core.fit_fold(a_tr, F, predict=True)["pred"][0]
+        for fi in inner:
+            left[fi.te] -= core.fit_fold(fi, F, predict=True)["pred"][0]
         left[te] -= core.fit_fold(a_te, F, predict=True)["pred"][0]
         l0_only[te] += (left[te] ** 2).sum(1)
         b = core.fit_fold(fk.select(observed_and_shuffled), left)
