@@ -282,3 +282,25 @@ def test_noise_scale_on_a_pretrained_architecture_reads_the_embedding_hook(tiny_
         _, cache = lm.run_with_cache(t[None], names_filter=lambda n: n == hooks.embed())
         want.append(cache[hooks.embed()][0, s0:s1 + 1].reshape(-1))
     assert tracing.noise_scale(lm, toks, spans) == pytest.approx(3 * float(torch.cat(want).std()), rel=1e-6)
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma3"])
+def test_suffix_runs_equal_full_runs_under_token_replacement(request, model, one_thread):
+    """Replacement prompts differ from row to row before the restored token: each row reads its own prefix."""
+    from mechfact.llm.prompts import build_prompts
+    from mechfact.llm.relations import load_relations
+    from mechfact.probes import tracing
+
+    lm, rels = request.getfixturevalue(f"tiny_{model}")
+    p = build_prompts(load_relations(rels, ["tiny_colour"])[0], lm.tokenizer, lm.bos_id, k=1, template=1, seed=0)[3]
+    tokens = torch.tensor(p.tokens)
+    s0, s1 = p.subject_first, p.subject_last
+    g = torch.Generator().manual_seed(5)
+    reps = tokens[None].repeat(3, 1)
+    reps[:, s0:s1 + 1] = torch.randint(3, int(lm.W_U.shape[1]), (3, s1 - s0 + 1), generator=g)
+    for kind, sever in (("state", None), ("mlp", None), ("state", "attn")):
+        out = [tracing.trace_query(lm, tokens, (s0, s1), kind=kind, sever=sever, corruption="replace",
+                                   metric="logit_diff", replacements=reps, window=2, batch_rows=9, suffix=sfx)
+               for sfx in (True, False)]
+        assert np.allclose(out[0].scores, out[1].scores, rtol=1e-5, atol=1e-6), (kind, sever)
+        assert np.ptp(out[1].scores) > 1e-3  # the restorations move the score: the comparison has teeth
