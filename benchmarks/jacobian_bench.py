@@ -41,10 +41,7 @@ from mechfact.llm import jacobian as jac  # noqa: E402
 from mechfact.llm.loading import load_model  # noqa: E402
 from mechfact.llm.prompts import build_prompts  # noqa: E402
 from mechfact.llm.relations import load_relations  # noqa: E402
-
-
-class _Stop(Exception):
-    pass
+from mechfact.probes.queries import StopForward  # noqa: E402
 
 
 def plain_jacobian(lm, tokens: list[int], pos: int, layer: int, vectorize: bool):
@@ -61,12 +58,12 @@ def plain_jacobian(lm, tokens: list[int], pos: int, layer: int, vectorize: bool)
 
         def take(act, hook):
             got["o"] = act[0, -1]
-            raise _Stop
+            raise StopForward
 
         try:
             lm.bridge.run_with_hooks(toks, fwd_hooks=[(hooks.resid(layer, "post"), put),
                                                       (hooks.resid(lm.n_layers - 1, "post"), take)])
-        except _Stop:
+        except StopForward:
             pass
         return got["o"]
 
@@ -75,10 +72,10 @@ def plain_jacobian(lm, tokens: list[int], pos: int, layer: int, vectorize: bool)
 
         def take_s(act, hook):
             got["s"] = act[0, pos].clone()
-            raise _Stop
+            raise StopForward
         try:
             lm.bridge.run_with_hooks(toks, fwd_hooks=[(hooks.resid(layer, "post"), take_s)])
-        except _Stop:
+        except StopForward:
             pass
     return torch.autograd.functional.jacobian(f, got["s"], vectorize=vectorize).float().cpu()
 

@@ -12,7 +12,7 @@ import copy
 import torch
 
 from .. import hooks
-from .jacobian_blocks import _Stop
+from ..probes.queries import StopForward
 
 
 def jacobian_copies(lm, tokens: list[int], pos: int, layer: int, chunk: int = 96
@@ -81,16 +81,16 @@ def _jacobian_copies(lm, tokens: list[int], pos: int, layer: int, chunk: int):
 
     def take_s(act, hook):
         got["s"] = act[0, 0].detach().clone()
-        raise _Stop
+        raise StopForward
 
     def take_o(act, hook):
         got["o"] = act[:, -1]
-        raise _Stop
+        raise StopForward
 
     try:
         with torch.no_grad():
             b.run_with_hooks(suffix, past_key_values=copy.deepcopy(pkv), fwd_hooks=[(name_s, take_s)])
-    except _Stop:
+    except StopForward:
         pass
     s0 = got["s"]
     J = torch.empty((d, d), dtype=torch.float32)
@@ -103,7 +103,7 @@ def _jacobian_copies(lm, tokens: list[int], pos: int, layer: int, chunk: int):
             try:
                 b.run_with_hooks(suffix, past_key_values=kv,
                                  fwd_hooks=[(name_s, _putter_at(s, 0)), (name_o, take_o)])
-            except _Stop:
+            except StopForward:
                 pass
             o = got.pop("o")
             if o0 is None:

@@ -12,10 +12,7 @@ from typing import Any
 import torch
 
 from .. import hooks
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass early (the output was captured)."""
+from ..probes.queries import StopForward
 
 
 class _Mismatch(Exception):
@@ -158,7 +155,7 @@ def _capture(lm, toks: torch.Tensor, layer: int) -> tuple[dict, dict]:
         def hook(act, hook):
             resid[k] = act[0].detach()
             if k == last:
-                raise _Stop
+                raise StopForward
         return hook
 
     def keep_attn(k):
@@ -172,7 +169,7 @@ def _capture(lm, toks: torch.Tensor, layer: int) -> tuple[dict, dict]:
     try:
         with torch.no_grad():
             b.run_with_hooks(toks, fwd_hooks=[(hooks.resid(k, "post"), keep(k)) for k in range(layer, lm.n_layers)])
-    except _Stop:
+    except StopForward:
         pass
     finally:
         for h in handles:

@@ -35,9 +35,9 @@ from tqdm.auto import tqdm
 from .. import hooks, stats
 from ..seeding import derive_seed
 from .knockout import (TARGETS, FactKnockout, KnockoutResult, _check_layers, _check_queries, _estimate, _f,  # noqa: F401
-                       _n_layers, _Stop, attention_knockout, check_knockout, default_window, knockout_hook,
+                       _n_layers, attention_knockout, check_knockout, default_window, knockout_hook,
                        knockout_query, position_groups)
-from .queries import model_device
+from .queries import StopForward, model_device
 
 POSITIONS = ("subject_first", "subject_last", "last")
 SUBLAYERS = ("attn", "mlp")
@@ -81,12 +81,12 @@ def _collect(model, queries: Sequence[dict], names: Sequence[str], positions: Se
                     box[name] = x[rows, pos].detach().clone()
                 if name == last_hook:
                     box["last"] = x[:, n - 1].detach().clone()
-                    raise _Stop
+                    raise StopForward
                 return x
             return fn
         try:
             model.run_with_hooks(toks, fwd_hooks=[(nm, grab(nm)) for nm in dict.fromkeys([*names, last_hook])])
-        except _Stop:
+        except StopForward:
             pass
         t = model.final_logits(box["last"]).float().argmax(-1).cpu()
         for r, i in enumerate(idx):

@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hooks, stats
-from .queries import model_device
+from .queries import StopForward, model_device
 from .tracing import _n_layers as tracing_depth
 from .tracing import window_layers
 
@@ -50,10 +50,6 @@ def knockout_hook(layer: int) -> str:
 def default_window(n_layers: int) -> int:
     """9 of GPT-2 XL's 48 layers (the authors' knockout window), scaled to the depth (at least 1)."""
     return max(1, round(9 * n_layers / 48))
-
-
-class _Stop(Exception):
-    pass
 
 
 def _n_layers(model) -> int:
@@ -190,10 +186,10 @@ def _last_state(model, tokens: torch.Tensor, fwd_hooks: list, pos: int) -> torch
 
     def stop(x, hook=None):
         box["x"] = x[:, pos].clone()
-        raise _Stop
+        raise StopForward
     try:
         model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks) + [(hooks.resid(L - 1, "post"), stop)])
-    except _Stop:
+    except StopForward:
         pass
     return box["x"]
 

@@ -419,8 +419,9 @@ def predictions(model, ps: ProbeSet, fwd_hooks=(), batch_size: int = 4096) -> Te
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
 
 
-class _StopAtLastBlock(Exception):
-    pass
+class StopForward(Exception):
+    """Raised by a hook to end a forward pass once what it needs is captured (the one early stop of the probes:
+    callers catch it around ``run_with_hooks``)."""
 
 
 def _last_resid(model) -> str | None:
@@ -439,10 +440,10 @@ def _answer_logits(model, tok: Tensor, pos: Tensor, last: str) -> Tensor:
 
     def grab(x, hook=None):
         box["x"] = x[torch.arange(x.shape[0], device=x.device), pos.to(x.device)].clone()
-        raise _StopAtLastBlock
+        raise StopForward
     try:
         model.run_with_hooks(tok, fwd_hooks=[(last, grab)])
-    except _StopAtLastBlock:
+    except StopForward:
         pass
     return model.final_logits(box["x"]).float()
 

@@ -48,16 +48,12 @@ from tqdm.auto import tqdm
 
 from .. import hooks, stats
 from ..seeding import derive_seed
-from .queries import ProbeSet, Site, collect, model_device, pad_batch, predictions
+from .queries import ProbeSet, Site, StopForward, collect, model_device, pad_batch, predictions
 from .tracing import _n_layers as tracing_depth
 
 logger = logging.getLogger(__name__)
 
 RATES = ("success", "kept", "control", "control_moved", "control_kept")
-
-
-class _Stop(Exception):
-    pass
 
 
 @dataclass
@@ -200,12 +196,12 @@ def _patched_top1(model, tokens: list[list[int]], pos: list[int], states: torch.
             if site == last:
                 x = patch(x)
             box["final"] = x[rows.to(x.device), ans.to(x.device)].clone()
-            raise _Stop
+            raise StopForward
 
         fwd = ([] if site == last else [(site, patch)]) + [(last, stop)]
         try:
             model.run_with_hooks(toks, fwd_hooks=fwd)
-        except _Stop:
+        except StopForward:
             pass
         out[idx] = model.final_logits(box["final"]).float().argmax(-1).cpu()
     return out

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from .. import hooks, stats
 from ..seeding import derive_seed
-from .queries import model_device
+from .queries import StopForward, model_device
 from .trace_suffix import Suffix
 
 KINDS = ("state", "mlp", "attn")
@@ -50,10 +50,6 @@ SEVER = ("mlp", "attn")
 CORRUPTIONS = ("noise", "replace")
 METRICS = ("prob", "logit_diff")
 BUCKETS = ("first_subject", "middle_subject", "last_subject", "first_after", "further", "last")
-
-
-class _Stop(Exception):
-    pass
 
 
 def _n_layers(model, what: str = "causal tracing") -> int:
@@ -99,10 +95,10 @@ def noise_scale(model, tokens: list[torch.Tensor], spans: list[tuple[int, int]],
     for toks, (s0, s1) in zip(tokens, spans):
         def grab(x, hook=None, s0=s0, s1=s1):
             vals.append(x[0, s0:s1 + 1].detach().float().reshape(-1).cpu())
-            raise _Stop  # only the embedding is needed: no block runs
+            raise StopForward  # only the embedding is needed: no block runs
         try:
             model.run_with_hooks(toks[None].to(model_device(model)), fwd_hooks=[(hooks.embed(), grab)])
-        except _Stop:
+        except StopForward:
             pass
     return float(factor * torch.cat(vals).std())
 
@@ -223,7 +219,7 @@ class _Restorer:
         def stop(x, hook=None):
             x = self.apply(self.last_hook, x)
             self.final = x[:, self.answer_pos].clone()
-            raise _Stop
+            raise StopForward
         return out + [(self.last_hook, stop)]
 
 
@@ -231,7 +227,7 @@ def _run(model, tokens: torch.Tensor, restorer: _Restorer, extra=()) -> torch.Te
     """Logits (rows, vocab) at the answer position."""
     try:
         model.run_with_hooks(tokens, fwd_hooks=restorer.hooks(extra))
-    except _Stop:
+    except StopForward:
         pass
     return model.final_logits(restorer.final).float()
 
@@ -290,7 +286,7 @@ def _run_from(model, resid: torch.Tensor, layer: int, restorer: _Restorer, start
     try:
         with _blocks_from(model, layer + 1):
             model.run_with_hooks(resid, start_at_layer=layer + 1, fwd_hooks=restorer.hooks(skip=[start_hook]))
-    except _Stop:
+    except StopForward:
         pass
     return model.final_logits(restorer.final).float()
 
@@ -353,7 +349,6 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
     clean_logits = logits[0, a].float()
     y = int(clean_logits.argmax())
     # corrupted runs
-    embed_hook = []
     base, eps = corrupted_inputs(tokens, subject, cache[names[0]].shape[-1], corruption=corruption, noise=noise,
                                  n_draws=n_draws, replacements=replacements, seed=seed, index=index)
     D = base.shape[0]
@@ -379,13 +374,13 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
         def fn(x, hook=None):
             box[name] = x.detach().clone()
             if name == last_hook and all(nm in box for nm in sn):
-                raise _Stop  # nothing after the last block is needed
+                raise StopForward  # nothing after the last block is needed
             return x
         return fn
     try:
         with fast.recording("corrupt") if fast else contextlib.nullcontext():
             model.run_with_hooks(base, fwd_hooks=noise_hook(D) + [(nm, grab(nm)) for nm in sn])
-    except _Stop:
+    except StopForward:
         pass
     corrupt_logits = model.final_logits(box[last_hook][:, a]).float()
 
