@@ -304,3 +304,23 @@ def test_suffix_runs_equal_full_runs_under_token_replacement(request, model, one
                for sfx in (True, False)]
         assert np.allclose(out[0].scores, out[1].scores, rtol=1e-5, atol=1e-6), (kind, sever)
         assert np.ptp(out[1].scores) > 1e-3  # the restorations move the score: the comparison has teeth
+
+
+def test_fact_models_and_language_models_are_hooked_models(construction, tiny_llama):
+    """The probe contract: both model kinds carry every attribute the probes use."""
+    from mechfact.probes.protocols import HookedModel
+
+    model, _ = construction
+    lm, _ = tiny_llama
+    for m in (model, lm):
+        assert isinstance(m, HookedModel), type(m).__name__
+        x = torch.zeros(2, m.W_U.shape[0])
+        assert len(m.blocks) == m.n_layers and m.final_logits(x).shape == (2, m.W_U.shape[1])
+
+    class NoFinalLogits:
+        hook_dict, n_layers, blocks = {}, 1, []
+
+        def run_with_cache(self, tokens, *a, **k): ...
+
+        def run_with_hooks(self, tokens, *a, **k): ...
+    assert not isinstance(NoFinalLogits(), HookedModel)

@@ -50,6 +50,11 @@ class LanguageModel:
         return self.bridge.hook_dict
 
     @property
+    def blocks(self):
+        """The bridge's transformer blocks (``blocks[i]``; weight probes read their MLP weights)."""
+        return self.bridge.blocks
+
+    @property
     def W_U(self) -> torch.Tensor:
         """(d_model, vocab) unembedding."""
         return self.bridge.W_U

@@ -17,11 +17,18 @@ class HookedModel(Protocol):
     """A transformer-lens style model: hook points by name, and runs with caches and hooks.
 
     ``hook_dict`` names the hook points (:mod:`mechfact.hooks`); ``run_with_cache(tokens, names_filter=...)``
-    returns ``(logits, cache)``; ``run_with_hooks(tokens, fwd_hooks=[(name, fn)])`` the logits. Weight probes
-    also read ``W_U`` (d, vocab) and ``blocks[i].mlp.W_in / W_out``.
+    returns ``(logits, cache)``; ``run_with_hooks(tokens, fwd_hooks=[(name, fn)])`` the logits; ``n_layers`` the
+    blocks; ``final_logits(resid)`` the logits (n, vocab) of last-block residual states (n, d) (the final norm and
+    the unembedding: a run that stops after the last block unembeds only what it needs); ``blocks[i]`` the blocks
+    (weight probes read ``blocks[i].mlp.W_in / W_out``, and ``W_U`` (d, vocab)). :class:`mechfact.FactModel` and
+    :class:`mechfact.llm.LanguageModel` are both one (a test holds them to it).
     """
 
     hook_dict: dict
+    n_layers: int
+    blocks: Any
+
+    def final_logits(self, resid: torch.Tensor) -> torch.Tensor: ...
 
     def run_with_cache(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]: ...
 
