@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
+import einops
 import torch
 
 # keyword arguments of a decoder block that carry the sequence: how to cut them to tokens t..n-1
@@ -125,8 +126,9 @@ class Suffix:
                 if j == L:
                     break
                 k, v = self.kv[j]
-                rows = h.shape[0] // k.shape[0]
-                cache = _Prefix(j, k[:, :, :t].repeat(rows, 1, 1, 1), v[:, :, :t].repeat(rows, 1, 1, 1))
+                cells = h.shape[0] // k.shape[0]  # rows are (cell, corrupted run) pairs, cell-major
+                cache = _Prefix(j, *(einops.repeat(x[:, :, :t], "run head pos e -> (cell run) head pos e", cell=cells)
+                                     for x in (k, v)))
                 kw = {key: _cut(key, val, t) for key, val in self.kwargs[j].items()}
                 out = self.blocks[j](h, past_key_values=cache, **kw)
                 h = out[0] if isinstance(out, tuple) else out
