@@ -468,6 +468,7 @@ def dstar_figure(summ: dict, path: Path) -> None:
 def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
     """The page from ``src/capacity`` and ``src/threshold`` alone (figures into ``img`` when given)."""
     from mechfact.facts.experiments import summarise_thresholds
+    from mechfact.facts.laws import laws_section
 
     recs, parts = pool_thresholds(src)
     summ = summarise_thresholds(recs) if recs else None
@@ -501,6 +502,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
            "N = 1024 and 4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
         "![d* in pool worlds](img/dstar_pool.png)", "",
         *_budget_section(src, recs),
+        *laws_section(recs, "2000-step"),
         *_width_section(src),
         "## 2. The mechanism at the threshold", "",
         "For each world and regime, a model trained at d = ceil(f d*) for f = 1, 1.5, 3 (d*: the median of "
