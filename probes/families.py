@@ -589,14 +589,15 @@ def superposition_statement(out: Path, name: str) -> str:
                 if floor < 0.05 / len(rows) else f"Bonferroni over the {len(rows)} layers needs p < "
                 f"{0.05 / len(rows):.4f}: more than {20 * len(rows)} draws per null")
         lines.append(f"- {m}: at {len(ok)} of {len(rows)} layers no draw of either null reaches the held-out R^2 "
-                     f"(p = {floor:.3f}) and its interval lies above 0{rng}; the partial R^2 (after the layer-0 "
-                     f"state and token count) beats its null likewise at {len(part)} of {len(rows)} layers"
+                     f"(p = {floor:.3f}) and its interval lies above 0{rng}; the partial R^2 (after "
+                     f"{res.get('per_layer', [{}])[0].get('nuisance', {}).get('layer0_pcs', 3)} principal components of "
+                     f"the layer-0 state and token count) beats its null likewise at {len(part)} of {len(rows)} layers"
                      + (f", up to {max(x['partial_r2_heldout'] for x in part):.2f}" if part else "")
                      + (f"; beyond the WHOLE layer-0 state (ridge-residualised) and token count, the attributes "
                         f"explain held-out variance that no shuffled draw reaches, with its interval above 0, at "
                         f"{len(beyond)} of the {len(later)} layers after layer 0"
-                        + (f" ({min(x['r2_heldout_beyond_layer0'] for x in beyond):.2f}-"
-                           f"{max(x['r2_heldout_beyond_layer0'] for x in beyond):.2f})" if beyond else "")
+                        + (f" ({min(x['r2_heldout_beyond_layer0'] for x in beyond):.3f}-"
+                           f"{max(x['r2_heldout_beyond_layer0'] for x in beyond):.3f})" if beyond else "")
                         if later else "")
                      + f". {bonf}.")
     return "\n".join(lines)
@@ -694,6 +695,13 @@ def write_doc(out: Path, path: Path) -> None:
               "## LRE layer sweep (layers chosen on training facts)\n", lre_sweep_table(out), "",
               "## Readout (the 14 shipped relations)\n", readout_table(out), "",
               "## Superposition of a subject's attributes (the shipped countries)\n",
+              "Per layer: the held-out R^2 of the subject states fitted as a sum of attribute codes, against shuffled "
+              "attributes and random codes; the partial R^2 after 3 principal components of the layer-0 state and "
+              "the token count; what the layer-0 state alone (ridge, with the token count) predicts of the held-out "
+              "states (\"layer 0 alone\"); and what the attributes explain BEYOND the whole layer-0 state and token "
+              "count (the states ridge-residualised on them, out of fold, then the attributes' fit to the residual, "
+              "against its shuffled null). A fit that layer 0 already carries is the subject's lexical geometry, not "
+              "recalled attributes: the last column is the test of recall.\n",
               *[superposition_table(out, n) + "\n\nWhat holds (computed from the rows above):\n\n"
                 + superposition_statement(out, n) + "\n" for n in SUPERPOSITION_RUNS],
               "![three families](img/families.png)\n"]
