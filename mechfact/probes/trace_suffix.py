@@ -59,6 +59,20 @@ def _cut(key: str, value, t: int):
     return value.narrow(dim, t, value.shape[dim] - t)
 
 
+def _block_list(model) -> torch.nn.ModuleList | None:
+    """The wrapped Hugging Face model's list of decoder layers, when it holds the bridge's blocks (the bridge runs
+    the Hugging Face forward, which loops over that list)."""
+    bridge = getattr(model, "bridge", None)
+    blocks = getattr(bridge, "blocks", None)
+    hf = getattr(bridge, "original_model", None)
+    if blocks is None or hf is None or len(blocks) == 0:
+        return None
+    for _, mod in hf.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == len(blocks) and mod[0] is blocks[0]:
+            return mod
+    return None
+
+
 class Suffix:
     """The decoder blocks of a bridge and what one query's restored runs reuse (see the module docstring)."""
 
@@ -70,8 +84,6 @@ class Suffix:
 
     @classmethod
     def of(cls, model) -> Suffix | None:
-        from .tracing import _block_list
-
         blocks = _block_list(model)
         return None if blocks is None else cls(model, blocks)
 

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from .. import hooks, stats
 from ..seeding import derive_seed
 from .queries import StopForward, model_device
-from .trace_suffix import Suffix
+from .trace_suffix import Suffix, _block_list
 
 KINDS = ("state", "mlp", "attn")
 SEVER = ("mlp", "attn")
@@ -230,20 +230,6 @@ def _run(model, tokens: torch.Tensor, restorer: _Restorer, extra=()) -> torch.Te
     except StopForward:
         pass
     return model.final_logits(restorer.final).float()
-
-
-def _block_list(model) -> torch.nn.ModuleList | None:
-    """The wrapped Hugging Face model's list of decoder layers, when it holds the bridge's blocks (the bridge runs
-    the Hugging Face forward, which loops over that list)."""
-    bridge = getattr(model, "bridge", None)
-    blocks = getattr(bridge, "blocks", None)
-    hf = getattr(bridge, "original_model", None)
-    if blocks is None or hf is None or len(blocks) == 0:
-        return None
-    for _, mod in hf.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == len(blocks) and mod[0] is blocks[0]:
-            return mod
-    return None
 
 
 @contextlib.contextmanager
