@@ -4,6 +4,7 @@ law, which contains it) predicts held-out N best and the wrong laws are beaten; 
 import math
 
 import numpy as np
+import pytest
 
 from mechfact.facts.laws import compare_laws
 
@@ -40,3 +41,18 @@ def test_censored_settings_are_left_out_and_two_n_are_not_enough():
     rows[0]["at_grid_min"] = True  # one seed of a setting at the grid's floor: the setting goes
     assert compare_laws(rows)["n_settings"] == 35
     assert compare_laws([t for t in rows if t["subjects"] != 4096]) == {}
+
+
+def test_bits_per_parameter_counts_the_model_at_the_median_threshold():
+    from mechfact.facts.laws import bits_per_parameter
+    from mechfact.facts.model import build_fact_model
+    from mechfact.facts.world import FactWorld
+
+    rows = [{"subjects": 256, "relations": 4, "attributes": 16, "embeddings": "trainable", "seed": s,
+             "threshold": d, "mlp_width": 32} for s, d in enumerate((6, 7, 9))]
+    (b,) = bits_per_parameter(rows)
+    m = build_fact_model(FactWorld(256, 4, seed=0, attributes=16), d=7, mlp_width=32)
+    params = sum(q.numel() for q in m.parameters())
+    assert b["d"] == 7 and b["parameters"] == params and b["bits"] == 256 * 4 * 4
+    assert b["bits_per_parameter"] == pytest.approx(4096 / params)
+    assert params > 256 * 7  # the subject embeddings are in the count

@@ -113,6 +113,31 @@ def compare_laws(thresholds: list[dict], *, seed: int = 0) -> dict:
             "n_seeds": int(len(set(p["seed"].tolist()))), "laws": laws, "best": best, "best_vs": vs}
 
 
+# paper A's linear memory at capacity: p ln p / d^2 = 1/2 associations, log2 p bits each, on d^2 parameters
+LINEAR_MEMORY_BITS = 1 / (2 * math.log(2))
+
+
+def bits_per_parameter(thresholds: list[dict]) -> list[dict]:
+    """Per setting (median d* over its seeds): the facts' information ``N R log2 A`` bits over the trainable
+    parameters of the fact model at that width (its MLP width as searched)."""
+    from .model import build_fact_model
+    from .world import FactWorld
+
+    p = threshold_points(thresholds)
+    width = {(t["subjects"], t["relations"], t.get("attributes", t["subjects"])): t.get("mlp_width", 64)
+             for t in thresholds}
+    out = []
+    for key in sorted({(int(n), int(r), int(a)) for n, r, a in zip(p["n"], p["r"], p["a"])}):
+        sel = (p["n"] == key[0]) & (p["r"] == key[1]) & (p["a"] == key[2])
+        d = int(math.ceil(float(np.median(p["d"][sel]))))
+        model = build_fact_model(FactWorld(key[0], key[1], seed=0, attributes=key[2]), d=d, mlp_width=width[key])
+        params = sum(q.numel() for q in model.parameters() if q.requires_grad)
+        out.append({"subjects": key[0], "relations": key[1], "attributes": key[2], "d": d, "parameters": params,
+                    "bits": key[0] * key[1] * math.log2(key[2]),
+                    "bits_per_parameter": key[0] * key[1] * math.log2(key[2]) / params})
+    return out
+
+
 def laws_section(thresholds: list[dict], budget: str) -> list[str]:
     """The page's section: one row per law and the verdict sentence (nothing with fewer than three N)."""
     c = compare_laws(thresholds)
@@ -133,11 +158,20 @@ def laws_section(thresholds: list[dict], budget: str) -> list[str]:
                + (" and is not distinguishable from " + ", ".join(ties) if ties else "")
                + f" (each rival's mean squared relative error per setting minus the best law's, paired over the "
                f"{c['n_settings']} settings, sign-flip test, Holm over the {len(c['best_vs'])} rivals: {detail}).")
+    bpp = bits_per_parameter(thresholds)
+    v = np.array([b["bits_per_parameter"] for b in bpp])
+    top = max(bpp, key=lambda b: b["bits_per_parameter"])
+    bits = (f"Bits per parameter at d* (the facts' N R log2 A bits over the model's trainable parameters at the "
+            f"median d*, {len(bpp)} settings): median {np.median(v):.3f}, range {v.min():.3f}-{v.max():.3f} (the "
+            f"most at N = {top['subjects']}, R = {top['relations']}, A = {top['attributes']}, d* = {top['d']}); "
+            f"paper A's linear memory at capacity stores 1 / (2 ln 2) = {LINEAR_MEMORY_BITS:.2f} bits per parameter. "
+            "With the subject embeddings (N d) most of the parameters, the ratio is about R log2 A / d*.")
     return ["Laws compared on held-out N (`mechfact.facts.laws`): every law refitted without one N and asked to "
             f"predict it; {c['n_points']} thresholds ({c['n_settings']} settings, seeds {c['n_seeds']} at most, "
             f"N = {', '.join(map(str, c['n_values']))}), each a {budget} threshold, which has not converged "
             "(see the budget check above): the verdict is about these thresholds, not yet the law at "
-            "convergence.", "", *rows, "", verdict, ""]
+            "convergence.", "", *rows, "", verdict, "", bits, ""]
 
 
-__all__ = ["LAWS", "POWER", "threshold_points", "compare_laws", "laws_section"]
+__all__ = ["LAWS", "POWER", "LINEAR_MEMORY_BITS", "threshold_points", "compare_laws", "bits_per_parameter",
+           "laws_section"]
