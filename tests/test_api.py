@@ -69,6 +69,33 @@ def test_in_memory_model_is_wrapped_without_copies_or_changes(one_thread):
         mechfact.load_model(model)
 
 
+def test_load_model_takes_a_bridge_and_an_nnsight_model_and_names_what_it_accepts(one_thread):
+    """A booted TransformerBridge is wrapped as it is; an nnsight ``LanguageModel`` (its ``_model`` Hugging Face
+    module and ``tokenizer``: nnsight is not a dependency, so a stand-in with its module path and attributes) is
+    booted from its module without copies; anything else is refused in one line naming what is accepted."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model, tok = _tiny_in_memory()
+    x = torch.tensor([[0, 5, 9, 14, 3]])
+    with torch.no_grad():
+        want = model(x).logits
+    lm = mechfact.load_model(model, tokenizer=tok)
+    assert isinstance(lm.bridge, TransformerBridge)
+    again = mechfact.load_model(lm.bridge)  # a bridge: wrapped as it is
+    assert again.bridge is lm.bridge and again.n_layers == 2
+    with torch.no_grad():
+        assert torch.allclose(again(x), want, atol=1e-5)
+
+    stand_in = type("LanguageModel", (), {"__module__": "nnsight.modeling.language"})()
+    stand_in._model, stand_in.tokenizer = model, tok
+    nn_lm = mechfact.load_model(stand_in)
+    assert all(a is b for a, b in zip(nn_lm.parameters(), model.parameters()))
+    with torch.no_grad():
+        assert torch.allclose(nn_lm(x), want, atol=1e-5)
+    with pytest.raises(ValueError, match=r"got a builtins\.dict; accepted: a packaged short name .* nnsight"):
+        mechfact.load_model({"model": "x"})
+
+
 def test_lre_and_training_leave_gradient_flags_as_they_were(one_thread):
     model, tok = _tiny_in_memory()
     lm = mechfact.load_model(model, tokenizer=tok)

@@ -19,7 +19,10 @@
   without copying its weights and without touching the caller's object (the
   bridge replaces modules in place, so it gets a structural copy whose
   parameters ARE the caller's);
-* a ``TransformerBridge`` already booted (wrapped as it is).
+* a ``TransformerBridge`` already booted (wrapped as it is);
+* an nnsight ``LanguageModel``: its Hugging Face module and tokenizer, booted as above.
+
+Anything else is refused in one line naming what is accepted.
 
 A ``LanguageModel`` has the hook interface of the bridge (``run_with_cache``,
 ``run_with_hooks``, ``hook_dict``, ``W_U``), so every probe takes it directly.
@@ -192,6 +195,7 @@ def load_model(model_or_path: Any = None, tokenizer: Any = None, *, device: torc
     """
     device_map = check_device_map(device_map if device_map is not None else _PLACEMENT.get("device_map"))
     offload_folder = offload_folder if offload_folder is not None else _PLACEMENT.get("offload_folder")
+    model_or_path, tokenizer = _unwrap(model_or_path, tokenizer)
     with _hf_progress(progress):
         if isinstance(model_or_path, torch.nn.Module):
             if device_map is not None or max_memory is not None:
@@ -209,6 +213,21 @@ def load_model(model_or_path: Any = None, tokenizer: Any = None, *, device: torc
                          "offload_folder": offload_folder}
         return _load_spec(model_or_path, device=resolve_device(str(device or "cpu")),
                           dtype=_dtype(dtype or "float32"), placement=placement)
+
+
+ACCEPTED = ("a packaged short name (mechfact llm models), a local Hugging Face folder, a .gguf file, a hub name, an "
+            "in-memory Hugging Face model (with tokenizer=), a TransformerBridge, or an nnsight LanguageModel")
+
+
+def _unwrap(obj, tokenizer):
+    """(model or path, tokenizer): an nnsight ``LanguageModel`` gives its Hugging Face module and tokenizer; a
+    name, path or module passes through; anything else is refused in one line naming what is accepted."""
+    if obj is None or isinstance(obj, (str, os.PathLike, torch.nn.Module)):
+        return obj, tokenizer
+    inner = getattr(obj, "_model", None)
+    if type(obj).__module__.split(".")[0] == "nnsight" and isinstance(inner, torch.nn.Module):
+        return inner, tokenizer if tokenizer is not None else getattr(obj, "tokenizer", None)
+    raise ValueError(f"load_model: got a {type(obj).__module__}.{type(obj).__name__}; accepted: {ACCEPTED}")
 
 
 def _load_spec(spec, *, device: torch.device, dtype: torch.dtype, placement: dict | None = None) -> LanguageModel:
