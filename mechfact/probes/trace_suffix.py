@@ -81,6 +81,7 @@ class Suffix:
         self.kwargs: dict[int, dict] = {}  # block -> keyword arguments of the clean run
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block -> the corrupted runs' keys, values
         self.entry: dict[str, torch.Tensor] = {}  # "clean" / "corrupt": the hidden states entering block 0
+        self.usable = True  # False once a block takes a sequence-shaped argument of unknown layout
 
     @classmethod
     def of(cls, model) -> Suffix | None:
@@ -101,9 +102,8 @@ class Suffix:
                 kw = {k: v for k, v in kwargs.items() if k not in _DROPPED}
                 odd = [k for k, v in kw.items() if k not in _SEQ_KWARGS and k != "attention_mask"
                        and isinstance(v, torch.Tensor) and v.ndim >= 1 and h.shape[1] in v.shape]
-                if odd:
-                    raise RuntimeError(f"block {j} takes sequence-shaped arguments {odd} the suffix runs "
-                                       f"cannot cut")
+                if odd:  # arguments this module does not know how to cut: the caller runs whole blocks instead
+                    self.usable = False
                 self.kwargs[j] = kw
                 return None
             return args, {**kwargs, "past_key_values": _Record(self.kv)}

@@ -332,6 +332,8 @@ def trace_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, kind: 
     fast = Suffix.of(model) if suffix else None
     with fast.recording("clean") if fast else contextlib.nullcontext():
         logits, cache = model.run_with_cache(tokens[None], names_filter=lambda nm: nm in names)
+    if fast is not None and not fast.usable:
+        fast = None
     clean_logits = logits[0, a].float()
     y = int(clean_logits.argmax())
     # corrupted runs
