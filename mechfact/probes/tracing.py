@@ -23,7 +23,8 @@ Tokens before the subject are the same in the clean and corrupted runs, hence so
 them changes nothing, and their cells are filled with the corrupted score without running (exactly what a run
 would give). Every other cell is run: cells are batched (``batch_rows`` rows of queries per forward pass, each
 row a (cell, corrupted run) pair), and the forward pass stops after the last block: only the answer position
-is unembedded (``model.final_logits``).
+is unembedded (``model.final_logits``). On a transformer-lens bridge a restored run computes only the tokens from
+the restored one on and the blocks after its first difference (:mod:`mechfact.probes.trace_suffix`; the same scores).
 
 Buckets (the authors' averaging): first subject token, middle subject tokens, last subject token, first token
 after the subject, further tokens, last token; a one-token subject is both first and last, and a subject right
