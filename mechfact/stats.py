@@ -10,7 +10,8 @@ trials, relations); :func:`fields` writes the three keys from an
   (correct near 0 and 1, where the normal interval is not).
 * :func:`bootstrap` -- the percentile bootstrap of a statistic over units
   (facts, subjects, trials, seeds), optionally resampling clusters (all rows of
-  one subject together).
+  one subject together); :func:`stratified_bootstrap` -- units resampled within
+  each stratum (the seeds of each setting), with its count of distinct resamples.
 * :func:`permutation_pvalue` -- ``(1 + #{null >= observed}) / (1 + n_null)``,
   the p-value of an observed statistic against draws from its null (never 0).
 * :func:`spearman` -- rank correlation with its permutation p-value and a
@@ -121,6 +122,42 @@ def bootstrap(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndar
     a = (1 - confidence) / 2
     lo, hi = np.quantile(boots, [a, 1 - a])
     return Estimate(value, float(lo), float(hi), m, "bootstrap")
+
+
+MIN_DISTINCT = 100  # a stratified bootstrap with fewer distinct resamples gives no interval
+
+
+def stratified_bootstrap(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndarray], float], *,
+                         strata: Sequence, n_boot: int = N_BOOT, seed: int = 0, confidence: float = CONFIDENCE,
+                         min_distinct: int = MIN_DISTINCT) -> tuple[Estimate, int]:
+    """The statistic of ``values`` with a percentile bootstrap that resamples the units of each stratum
+    independently, with replacement, as many as the stratum holds (e.g. the seeds of each setting: every setting
+    keeps its size, none is dropped), and the number of distinct resamples that scheme has: the product over
+    strata of C(2k - 1, k) (multisets of k of k units). Fewer than ``min_distinct``: no interval (so few resamples
+    make a percentile interval a handful of points). ``n`` counts the units."""
+    x = np.asarray(values, dtype=float)
+    labels: dict = {}
+    for i, s in enumerate(strata):
+        labels.setdefault(s, []).append(i)
+    if len(strata) != x.shape[0]:
+        raise ValueError(f"stratified_bootstrap: {len(strata)} stratum labels for {x.shape[0]} values")
+    groups = [np.array(v) for v in labels.values()]
+    distinct = 1
+    for g in groups:
+        distinct *= math.comb(2 * len(g) - 1, len(g))
+    value = float(statistic(x))
+    if distinct < min_distinct:
+        return Estimate(value, None, None, int(x.shape[0]), "none"), distinct
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        idx = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups])
+        boots.append(statistic(x[idx]))
+    boots = np.asarray(boots, dtype=float)
+    boots = boots[np.isfinite(boots)]
+    a = (1 - confidence) / 2
+    lo, hi = np.quantile(boots, [a, 1 - a])
+    return Estimate(value, float(lo), float(hi), int(x.shape[0]), "bootstrap"), distinct
 
 
 def trial_mean(hits: np.ndarray, counts: np.ndarray, *, n_boot: int = N_BOOT, seed: int = 0,

@@ -326,6 +326,7 @@ def width_table(recs: list[dict], grid_max: int | dict[int, int]) -> str:
     import numpy as np
 
     from mechfact.facts.capacity import slope_interval
+    from mechfact.stats import MIN_DISTINCT
 
     top = grid_max if isinstance(grid_max, dict) else {t["subjects"]: grid_max for t in recs}  # the grid's top per N
     cells: dict[tuple, dict[str, list]] = {}
@@ -368,18 +369,17 @@ def width_table(recs: list[dict], grid_max: int | dict[int, int]) -> str:
                 for k in reached for t in cells[k][e]]
         for name, xname in (("N R", "n_r"), ("N R ln A", "n_r_ln_a")):
             slope, icpt, r2 = _median_line(rows, xname)
-            ci = slope_interval(rows, xname)  # the slope on resamples of whole seeds
-            band = "" if ci.low is None else f" [{ci.low:.3g}, {ci.high:.3g}]"
+            ci, distinct = slope_interval(rows, xname)  # seeds resampled within each setting
+            band = f" [{ci.low:.3g}, {ci.high:.3g}]" if ci.low is not None else f" (no interval: {distinct} resamples)"
             fits.append(f"| {e} | m* = a {name} + b | {slope:.3g}{band} | {icpt:.1f} | {r2:.2f} | {len(reached)} |")
     if fits:
-        lines += ["", "| regime | fit of the median m* (settings that reached) | slope [95%, bootstrap over seeds] | "
-                  "intercept | R^2 | points |", "|---|---|---|---|---|---|", *fits]
+        lines += ["", "| regime | fit of the median m* (settings that reached) | slope [95%, seeds resampled within "
+                  "each setting] | intercept | R^2 | points |", "|---|---|---|---|---|---|", *fits]
         n_seeds = len({t["seed"] for t in recs})
-        if n_seeds < 3:  # resamples with replacement of n seeds: C(2n - 1, n) multisets (3 for two seeds)
-            draws = math.comb(2 * n_seeds - 1, n_seeds)
-            lines += ["", f"With {n_seeds} seeds a resample of whole seeds is one of {draws} draws, so an interval "
-                      "can shrink to a point where the seeds' differences cancel in the fit: read it as the "
-                      "seeds' agreement, not as the spread over worlds."]
+        lines += ["", f"The interval resamples the {n_seeds} seeds of each setting independently (a seed is a new world "
+                  "and initialisation); with k seeds a setting has C(2k - 1, k) resamples (3 for two seeds), the "
+                  f"fit their product over settings; below {MIN_DISTINCT} distinct resamples no interval is given. "
+                  "With two seeds per setting it says how far the seeds agree, not the spread over worlds."]
     # the same number of facts in worlds of different N (N = 256, R = 8 beside N = 1024, R = 2): does m* follow N R?
     same = {}
     for (n, a, r), c in cells.items():
@@ -432,15 +432,16 @@ def dstar_table(summ: dict) -> str:
         ratio = "—" if med is None else f"{med / t['r_log_a']:.2f}"
         lines.append(f"| {t['subjects']} | {t['relations']} | {t['attributes']}{bij} | {t['r_log_n']:.1f} | "
                      f"{t['r_log_a']:.1f} | {vals} | {median} | {ratio} |")
-    lines += ["", "| fit of the median d* (trainable embeddings) | slope [95% over seeds] | intercept | R^2 | points |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| fit of the median d* (trainable embeddings) | slope [95%, seeds resampled within each setting] | "
+              "distinct resamples | intercept | R^2 | points |", "|---|---|---|---|---|---|"]
     names = {"r_log_n": "R ln N", "r_log_a": "R ln A", "relations": "R", "n_facts": "N R"}
     for x, f in summ["fits"].get("trainable", {}).items():
         lo, hi = f["slope_ci"]
         ci = "" if lo is None else f" [{lo:.3g}, {hi:.3g}]"
         r2 = "—" if f["r2"] is None else f"{f['r2']:.2f}"
-        lines.append(f"| d* = a {names[x]} + b | {f['slope']:.3g}{ci} | {f['intercept']:.2f} | {r2} | "
-                     f"{f['n_points']} |")
+        dist = f.get("resamples_distinct")
+        lines.append(f"| d* = a {names[x]} + b | {f['slope']:.3g}{ci} | {'—' if dist is None else f'{dist:.2g}'} | "
+                     f"{f['intercept']:.2f} | {r2} | {f['n_points']} |")
     return "\n".join(lines)
 
 
@@ -496,7 +497,10 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         dstar_table(summ) if summ else "(no capacity runs)", "",
         *_power_line(recs),
         *_twice_line(src),
-        "Intervals: 95% bootstrap over seeds (each seed's world and initialisation resampled whole). `<=`: the "
+        "Intervals: 95% percentile bootstrap that resamples the seeds of each setting independently, with "
+        "replacement (a seed is a new world and initialisation; every setting keeps its seeds' count, none drops "
+        "out); the tables give the scheme's number of distinct resamples, and below 100 no interval is given. With "
+        "2-3 seeds per setting it measures how far the seeds agree, not yet the spread over worlds. `<=`: the "
         "threshold sat at the grid's smallest value in some seed. "
         + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the "
            "N = 1024 and 4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
@@ -554,7 +558,8 @@ def _power_line(recs: list[dict]) -> list[str]:
         lo, hi = e["ci"]
         parts.append(f"{name}^{e['value']:.2f}" + ("" if lo is None else f" [{lo:.2f}, {hi:.2f}]"))
     text = (f"Power law over the {fit['n_points']} settings whose every seed reached above the grid's smallest value "
-            f"(least squares on logs of the medians, 95% bootstrap over seeds): d* ~ {' '.join(parts)} "
+            f"(least squares on logs of the medians, 95% bootstrap with the seeds of each setting resampled, "
+            f"{fit.get('resamples_distinct', 0):.2g} distinct resamples): d* ~ {' '.join(parts)} "
             f"(R^2 {fit['r2']:.2f}). Theta(R ln N) predicts an exponent 1 on R, 0 on A")
     if "N" in fit["exponents"]:
         local = math.log(math.log(ns[-1]) / math.log(ns[0])) / math.log(ns[-1] / ns[0])

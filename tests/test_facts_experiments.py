@@ -319,7 +319,9 @@ def test_the_power_law_fit_recovers_the_exponents_and_drops_bounds_and_constant_
     assert facts["exponents"]["R"]["value"] == pytest.approx(1.0, abs=1e-6)
     assert facts["exponents"]["A"]["value"] == pytest.approx(0.0, abs=1e-6)
     lo, hi = facts["exponents"]["N"]["ci"]
-    assert lo - 1e-9 <= 1.0 <= hi + 1e-9 and hi - lo < 1e-6  # every resample exact: the interval is the point
+    # the seeds of each setting resampled independently (a seed's 1% offset then differs between settings): the
+    # interval covers the exponent and stays within the seeds' spread; 12 settings of 3 seeds: 10^12 resamples
+    assert lo <= 1.0 <= hi and hi - lo < 0.03 and facts["resamples_distinct"] == 10 ** 12
     assert facts["r2"] == pytest.approx(1.0) and facts["n_points"] == 12
     logn = power_law_fit(recs(lambda n, r, a: 0.3 * r * math.log(n) * a ** 0.25))
     assert logn["exponents"]["N"]["value"] == pytest.approx(math.log(math.log(1024) / math.log(256)) / math.log(4),

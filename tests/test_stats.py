@@ -1,5 +1,7 @@
 """The statistics module: intervals cover at their nominal rate, permutation tests reject planted effects only."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -90,3 +92,24 @@ def test_trial_mean_averages_trials_and_resamples_subjects():
     h = (rng.random((3, 40)) < 0.5).astype(float)
     v, lo, hi, n = stats.trial_mean(h, c, seed=1)
     assert lo < 0.5 < hi and hi - lo > 0.15
+
+
+def test_stratified_bootstrap_resamples_within_strata_and_counts_its_resamples():
+    from mechfact.stats import stratified_bootstrap
+
+    # two strata far apart: any resample keeps one value of each, so the mean stays between the strata's means
+    x = np.array([0.0, 0.1, 0.2, 10.0, 10.1, 10.2, 10.3])
+    strata = ["a", "a", "a", "b", "b", "b", "b"]
+    est, distinct = stratified_bootstrap(x, lambda v: float(v.mean()), strata=strata, n_boot=400, min_distinct=10)
+    assert distinct == math.comb(5, 3) * math.comb(7, 4) == 350
+    assert est.n == 7 and est.low < est.value < est.high
+    # every resample has 3 values of stratum a and 4 of b: the mean can never fall below (3 * 0 + 4 * 10) / 7
+    assert est.low >= 40 / 7 - 1e-12 and est.high <= (3 * 0.2 + 4 * 10.3) / 7 + 1e-12
+    # an unstratified bootstrap of the same values spreads far wider (strata can drop out)
+    wide = stats.bootstrap(x, n_boot=400)
+    assert wide.high - wide.low > 3 * (est.high - est.low)
+    # too few distinct resamples: no interval, the count said
+    few, d = stratified_bootstrap(x[:4], lambda v: float(v.mean()), strata=["a", "a", "b", "b"], min_distinct=100)
+    assert d == 9 and few.low is None and few.method == "none"
+    with pytest.raises(ValueError, match="3 stratum labels for 7 values"):
+        stratified_bootstrap(x, np.mean, strata=["a", "b", "c"])

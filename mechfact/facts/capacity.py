@@ -179,11 +179,12 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
                 slope, intercept = np.polyfit(x, y, 1)
                 pred = slope * x + intercept
                 ss = float(np.sum((y - y.mean()) ** 2))
-                ci = slope_interval(mine, xname)
+                ci, distinct = slope_interval(mine, xname)
                 fit[xname] = {"slope": float(slope), "intercept": float(intercept),
                               "r2": float(1 - np.sum((y - pred) ** 2) / ss) if ss > 0 else None,
                               "slope_through_origin": float(x @ y / (x @ x)), "n_points": int(len(x)),
-                              "slope_ci": ci.to_dict()["ci"], "n_seeds": ci.n}
+                              "slope_ci": ci.to_dict()["ci"], "n_seeds": len({t["seed"] for t in mine}),
+                              "resamples_distinct": distinct}
         fits[emb] = fit
     return {"table": table, "fits": fits}
 
@@ -194,10 +195,11 @@ POWER_FACTORS = (("relations", "R"), ("subjects", "N"), ("attributes", "A"))
 def power_law_fit(thresholds: list[dict]) -> dict:
     """d* = C R^a N^b A^c: least squares of ln(median threshold) on ln R, ln N, ln A over the settings whose every
     seed reached above the grid's smallest value (a bound is not a value), each exponent with a 95% bootstrap
-    interval over seeds (a seed's thresholds resampled together). A factor that takes one value is left out.
+    interval that resamples the seeds of each setting independently (:func:`mechfact.stats.stratified_bootstrap`;
+    ``resamples_distinct`` counts that scheme's distinct resamples; too few: no interval). A factor that takes one value is left out.
     Theta(R ln N) predicts a = 1, c = 0 and b = the local slope of ln ln N (about 1 / ln N); N R predicts b = 1.
     Returns ``{"exponents": {"R": {"value", "ci"}, ...}, "r2", "n_points"}`` (empty without two settings)."""
-    from ..stats import bootstrap
+    from ..stats import stratified_bootstrap
 
     rows = [t for t in thresholds if t["embeddings"] == "trainable"]
     bad = {_key(t) for t in rows if t["threshold"] is None or t.get("at_grid_min")}
@@ -222,12 +224,13 @@ def power_law_fit(thresholds: list[dict]) -> dict:
         return beta[1:], (1 - float(resid @ resid) / ss) if ss > 0 else float("nan"), len(keys)
 
     idx = np.arange(len(rows))
-    clusters = [t["seed"] for t in rows]
     beta, r2, n_points = fit(idx)
     out = {"exponents": {}, "r2": r2, "n_points": n_points}
     for j, (_, name) in enumerate(names):
-        est = bootstrap(idx, lambda ix, j=j: float(fit(ix)[0][j]), clusters=clusters, n_boot=500)
+        est, distinct = stratified_bootstrap(idx, lambda ix, j=j: float(fit(ix)[0][j]),
+                                             strata=[_key(t) for t in rows], n_boot=500)
         out["exponents"][name] = {"value": float(beta[j]), "ci": est.to_dict()["ci"]}
+        out["resamples_distinct"] = distinct
     return out
 
 
@@ -236,8 +239,10 @@ def _key(t: dict) -> tuple[int, int, int]:
 
 
 def slope_interval(thresholds: list[dict], xname: str):
-    """Bootstrap over seeds of the least-squares slope of the per-setting median thresholds against ``xname``."""
-    from ..stats import bootstrap
+    """(Estimate, distinct resamples): the least-squares slope of the per-setting median thresholds against
+    ``xname``, with a bootstrap that resamples the seeds of each setting independently
+    (:func:`mechfact.stats.stratified_bootstrap`: too few distinct resamples, no interval)."""
+    from ..stats import stratified_bootstrap
 
     rows = [t for t in thresholds if t["threshold"] is not None]
 
@@ -252,7 +257,9 @@ def slope_interval(thresholds: list[dict], xname: str):
             return float("nan")
         return float(np.polyfit(pts[:, 0], pts[:, 1], 1)[0])
 
-    return bootstrap(np.arange(len(rows)), slope, clusters=[t["seed"] for t in rows], n_boot=500)
+    return stratified_bootstrap(np.arange(len(rows)), slope, n_boot=500,
+                                strata=[(t.get("attributes", t["subjects"]), t["subjects"], t["relations"])
+                                        for t in rows])
 
 
 def _search_job(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
