@@ -103,9 +103,8 @@ def _setup(V: np.ndarray, P: np.ndarray, names: list[str], X0: np.ndarray, token
     for k, (tr, te) in enumerate(folds):
         Xc = X0 - X0[tr].mean(0)
         K0x = Xc @ Xc.T
-        # the training subjects' residuals out of fold (an inner k-fold): with more coordinates than subjects an
-        # in-sample ridge fit leaves next to nothing of the training states, and the attributes would be fitted
-        # to that
+        # the training subjects' residuals out of fold (an inner k-fold), as the held-out ones are: an in-sample
+        # fit's residuals are shrunk by the fit, and the attributes would be fitted to residuals of another kind
         inner = core.kfold(len(tr), cfg.k_folds, 1, derive_seed(seed, "llm.superposition.layer0_inner", k))
         layer0.append(([core.fold_kernels(K0x, tr[a], tr[b], tokens[:, None]) for a, b in inner],
                        core.fold_kernels(K0x, tr, te, tokens[:, None])))
