@@ -160,32 +160,66 @@ def stratified_bootstrap(values: Sequence[float] | np.ndarray, statistic: Callab
     return Estimate(value, float(lo), float(hi), int(x.shape[0]), "bootstrap"), distinct
 
 
+TRIAL_RESAMPLING = ("subjects", "trials+subjects")
+
+
+def _trial_boots(h: np.ndarray, c: np.ndarray, n_boot: int, seed: int, resample: str):
+    """``h`` (K, T, S) hits and ``c`` (T, S) counts, subjects without outcomes already dropped: the mean over
+    trials of each trial's accuracy (K,) and its bootstrap draws (K, n_boot), or None below 2 subjects.
+    ``resample``: "subjects" (one multinomial draw of subject weights, every trial kept) or "trials+subjects"
+    (trials drawn with replacement too: a trial's split, prompt and operator are one unit, so the interval
+    holds the operator-to-operator variance as well as the subject-to-subject one)."""
+    S, T = int(c.shape[1]), int(c.shape[0])
+
+    def means(w: np.ndarray, v: np.ndarray) -> np.ndarray:  # subject (B, S), trial (B, T) weights -> (K, B)
+        num = np.einsum("kts,bs->kbt", h, w)
+        den = np.einsum("ts,bs->bt", c, w)
+        ok = (den > 0) & (v > 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(ok[None], num / np.where(den > 0, den, 1), 0.0)
+            wt = np.where(ok, v, 0.0)
+            return np.where(wt.sum(-1) > 0, (r * wt[None]).sum(-1) / np.where(wt.sum(-1) > 0, wt.sum(-1), 1),
+                            np.nan)
+
+    value = means(np.ones((1, S)), np.ones((1, T)))[:, 0]
+    if S < 2:
+        return value, None
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(S, np.full(S, 1 / S), size=n_boot).astype(float)
+    v = (rng.multinomial(T, np.full(T, 1 / T), size=n_boot).astype(float) if resample == "trials+subjects"
+         else np.ones((n_boot, T)))
+    return value, means(w, v)
+
+
+def _trial_arrays(hits, counts, name: str, resample: str):
+    if resample not in TRIAL_RESAMPLING:
+        raise ValueError(f"{name}: resample {resample!r}; allowed: {', '.join(TRIAL_RESAMPLING)}")
+    h = np.asarray(hits, dtype=float)
+    c = np.asarray(counts, dtype=float)
+    if h.shape[-2:] != c.shape:
+        raise ValueError(f"{name}: hits {h.shape} do not end in the counts' shape {c.shape}")
+    lead = h.shape[:-2]
+    h = h.reshape(-1, *c.shape)
+    c = c[c.sum(1) > 0]  # a trial with no outcome is left out (and never drawn)
+    h = h[:, np.asarray(counts, dtype=float).sum(1) > 0]
+    seen = c.sum(0) > 0
+    return h[..., seen], c[:, seen], lead
+
+
 def trial_mean(hits: np.ndarray, counts: np.ndarray, *, n_boot: int = N_BOOT, seed: int = 0,
-               confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Mean over trials of each trial's accuracy, with a bootstrap interval that resamples subjects.
+               confidence: float = CONFIDENCE, resample: str = "subjects"
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Mean over trials of each trial's accuracy, with a bootstrap interval that resamples subjects (and, with
+    ``resample="trials+subjects"``, trials first: the hierarchical interval of an estimate whose trials each
+    fit their own operator).
 
     ``counts`` (T, S): outcomes of subject s in trial t (0 where s was not tested); ``hits`` (..., T, S): how many
     were right, for each of the leading settings (betas, ranks) at once. A trial with no outcome is left out of
     the mean. Returns ``(value, low, high, n_subjects)``, arrays of the leading shape (NaN where nothing was
     tested); all settings share the same resamples, so their intervals are comparable.
     """
-    h = np.asarray(hits, dtype=float)
-    c = np.asarray(counts, dtype=float)
-    if h.shape[-2:] != c.shape:
-        raise ValueError(f"trial_mean: hits {h.shape} do not end in the counts' shape {c.shape}")
-    lead = h.shape[:-2]
-    h = h.reshape(-1, *c.shape)
-    seen = c.sum(0) > 0
-    h, c = h[..., seen], c[:, seen]
+    h, c, lead = _trial_arrays(hits, counts, "trial_mean", resample)
     S = int(c.shape[1])
-
-    def means(w: np.ndarray) -> np.ndarray:  # w (B, S) subject weights -> (K, B) mean over trials
-        num = np.einsum("kts,bs->kbt", h, w)
-        den = np.einsum("ts,bs->bt", c, w)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
-            return np.nanmean(np.where(den[None] > 0, r, np.nan), axis=-1)
-
     if S == 0:
         nan = np.full(lead, np.nan)
         return nan, nan.copy(), nan.copy(), 0
@@ -193,16 +227,53 @@ def trial_mean(hits: np.ndarray, counts: np.ndarray, *, n_boot: int = N_BOOT, se
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a resample may leave a trial empty: it is left out
-        value = means(np.ones((1, S)))[:, 0]
-        if S < 2:
+        value, boots = _trial_boots(h, c, n_boot, seed, resample)
+        if boots is None:
             nan = np.full(value.shape, np.nan)
             return value.reshape(lead), nan.reshape(lead), nan.copy().reshape(lead), S
-        rng = np.random.default_rng(seed)
-        w = rng.multinomial(S, np.full(S, 1 / S), size=n_boot).astype(float)
-        boots = means(w)
     a = (1 - confidence) / 2
     lo, hi = np.nanquantile(boots, a, axis=1), np.nanquantile(boots, 1 - a, axis=1)
     return value.reshape(lead), lo.reshape(lead), hi.reshape(lead), S
+
+
+def trial_difference(hits_a: np.ndarray, hits_b: np.ndarray, counts: np.ndarray, *, n_boot: int = N_BOOT,
+                     seed: int = 0, confidence: float = CONFIDENCE, resample: str = "trials+subjects") -> dict:
+    """A paired test of two scorings of the SAME outcomes (e.g. an LRE's hits and a constant answer's hits on
+    the same test facts of the same trials): the difference of their trial means, with an interval and a
+    two-sided p-value from one bootstrap that draws trials, then subjects (``resample``), each draw shared by
+    both scorings. ``hits_a`` (..., T, S) against ``hits_b`` (T, S) or the same shape. Returns arrays of the
+    leading shape: ``diff``, ``low``, ``high``, ``p_value`` (twice the share of draws on the far side of zero,
+    with the draw at zero counted on both sides; 1 when the two never differ), ``verdict`` ("above" / "below"
+    when p < 1 - confidence and the difference is positive / negative, else "undecided"), and the counts
+    ``n_subjects``, ``n_trials``."""
+    a = np.asarray(hits_a, dtype=float)
+    b = np.broadcast_to(np.asarray(hits_b, dtype=float), a.shape)
+    ha, c, lead = _trial_arrays(a, counts, "trial_difference", resample)
+    hb, _, _ = _trial_arrays(b, counts, "trial_difference", resample)
+    K, S, T = ha.shape[0], int(c.shape[1]), int(c.shape[0])
+    out = {"n_subjects": S, "n_trials": T, "resample": resample}
+    nan = np.full(lead, np.nan)
+    if S == 0:
+        return {**out, "diff": nan, "low": nan.copy(), "high": nan.copy(), "p_value": nan.copy(),
+                "verdict": np.full(lead, "undecided", dtype=object)}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        value, boots = _trial_boots(np.concatenate([ha, hb]), c, n_boot, seed, resample)
+    diff = value[:K] - value[K:]
+    if boots is None:
+        return {**out, "diff": diff.reshape(lead), "low": nan.copy(), "high": nan.copy(), "p_value": nan.copy(),
+                "verdict": np.full(lead, "undecided", dtype=object)}
+    d = boots[:K] - boots[K:]
+    q = (1 - confidence) / 2
+    lo, hi = np.nanquantile(d, q, axis=1), np.nanquantile(d, 1 - q, axis=1)
+    fin = np.isfinite(d)
+    n = np.maximum(fin.sum(1), 1)
+    p = np.minimum(1.0, 2 * np.minimum(((d <= 0) & fin).sum(1), ((d >= 0) & fin).sum(1)) / n)
+    verdict = np.where(p < 1 - confidence, np.where(diff > 0, "above", "below"), "undecided").astype(object)
+    return {**out, "diff": diff.reshape(lead), "low": lo.reshape(lead), "high": hi.reshape(lead),
+            "p_value": p.reshape(lead), "verdict": verdict.reshape(lead)}
 
 
 def permutation_pvalue(observed: float, null: Sequence[float] | np.ndarray, alternative: str = "greater") -> float:

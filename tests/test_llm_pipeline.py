@@ -341,8 +341,8 @@ def test_authors_protocol_reports_fixed_and_train_chosen_numbers_with_intervals(
     stats.check_reported(d, ["faithfulness", "faithfulness_train_beta", "faithfulness_bias_only", "majority_baseline",
                              "causality", "faithfulness_model_beta"])
     assert set(d["train_faithfulness_by_beta"]) == {str(b) for b in AUTHORS_BETAS}
-    if d["causality"] is not None:
-        assert set(d["causality_by_rank"]) == {"16", "32", "48"} and d["rank"] in (16, 32, 48)
+    if d["causality"] is not None:  # the authors' sweep 0, 8, ..., clipped to the width
+        assert set(d["causality_by_rank"]) == {str(r) for r in range(0, lm.d_model + 1, 8)}
         assert d["causality"] == d["causality_by_rank"][str(d["rank"])]
     known = mechfact.lre(lm, rel, layer=1, n_train=3, n_trials=2, chunk=16)  # a random model knows nothing
     assert known.faithfulness is None and known.n_trials == 0
@@ -402,6 +402,52 @@ def _noise_relation(n=60, n_obj=6):
     subjects = [syll[i % 10] + syll[(i // 10) % 10] + syll[(3 * i + 1) % 10] for i in range(n)]
     objects = ["red", "blue", "green", "pink", "grey", "teal"][:n_obj]
     return Relation("noise", ["The colour of {} is"], [(s, objects[i % n_obj]) for i, s in enumerate(subjects)])
+
+
+def test_an_lre_that_answers_the_best_constant_token_does_not_beat_a_constant(tiny, monkeypatch, one_thread):
+    """A planted LRE that decodes every subject to one token, " University" (an operator collapsed onto its
+    bias), on a relation whose objects are half "University of X" and half other names: F is the share of
+    University objects, exactly what the best constant first token gets on the same facts, so the paired
+    per-relation test (trials, then subjects) finds a difference of 0 with p 1 and the page says F does not
+    beat it -- while the majority object (one university of six) is beaten by a wide margin, which is what
+    the page concluded before it had the constant token. The constant is chosen by the real rule: the longest
+    most-shared token prefix."""
+    import torch
+
+    import mechfact
+    from mechfact.llm import lre_authors as A
+    from mechfact.llm.relations import Relation
+    from probes import families as F
+
+    U = 7  # the token the planted operator always decodes to; its text is "university"
+    monkeypatch.setattr(A, "_vocab_strings", lambda tok: frozenset({"u", "university", "uni", "m", "cal"}))
+    monkeypatch.setattr(A, "decode_top", lambda lm, o: torch.full((o.shape[0],), U))
+    # the judge: the planted token is right on University objects; the model's own answers all count as known
+    monkeypatch.setattr(A, "prefix_match", lambda tok, token, objects: str(objects[0]).lower().startswith(
+        "university") if int(token) == U else True)
+    syll = ["ka", "lo", "mi", "ne", "pu", "ri", "so", "tu", "ve", "zo"]
+    objects = [f"University of {c}" for c in "ABC"] + ["MIT", "Caltech", "Cambridge"]
+    facts = [(syll[i % 10] + syll[(i // 10) % 10] + syll[(3 * i + 1) % 10], objects[i % 6]) for i in range(48)]
+    rel = Relation("person university", ["{} studied at"], facts)
+    d = mechfact.lre(tiny["models"]["llama"], rel, layer=1, n_train=4, n_trials=4, chunk=16,
+                     max_causality=0).to_dict()
+    assert all(t["constant_token"] == "university" for t in d["trials"] if not t["skipped"])
+    assert d["faithfulness"] == pytest.approx(0.5, abs=0.1)
+    assert d["constant_token_baseline"] == d["faithfulness"] and d["majority_baseline"] < 0.3
+    assert d["intervals"] == "trials+subjects" and d["causality"] is None
+    diff, lo, hi, p = d["faithfulness_vs_constant_token_by_beta"]["2.25"]
+    assert diff == 0 and lo == hi == 0 and p == 1.0
+    diff, lo, hi, p = d["faithfulness_vs_majority_by_beta"]["2.25"]
+    assert diff > 0.2 and lo > 0 and p < 0.01
+    rows = {m: {} for m in F.MODELS}
+    for k in range(3):
+        rows[F.MODELS[0]][f"{rel.name} {k}"] = {**d, "relation": f"{rel.name} {k}", "part": "factual"}
+    A.add_model_beta(list(rows[F.MODELS[0]].values()))
+    table = F.relation_tests_table(rows)
+    line = next(l for l in table.splitlines() if l.startswith(f"| {F.MODELS[0]} | {rel.name} 0 |"))
+    const, maj = line.split(" | ")[2:4]
+    assert const.endswith("does not beat it") and maj.rstrip(" |").endswith("beats it"), line
+    assert "beats the best constant first token on 0 of 3 relations" in table
 
 
 def test_lre_on_answers_unrelated_to_the_model_scores_chance_and_selection_sees_training_facts_only(

@@ -180,8 +180,8 @@ def test_run_status_says_how_far_a_relation_stopped_part_way_got(tmp_path):
     trials = tmp_path / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / TRIALS_DIR
     trials.mkdir()
     key = {"relation": "landmark on continent", "config": {"n_trials": 8}}
-    A._save_trials(trials / "landmark_on_continent-0123abcd.npz", key, 3, {}, A._Outcomes(1, 8, 4), set(), set(),
-                   [])
+    A._save_trials(trials / "landmark_on_continent-0123abcd.npz", key, 3, {}, A._Outcomes(1, 8, 4),
+                   A._Outcomes(1, 8, 4), set(), set(), [])
     (trials / "damaged-00000000.npz").write_bytes(b"not an npz")
     status = F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual")
     assert status.startswith("partial") and status.endswith("; landmark on continent at 3 of 8 trials"), status
@@ -277,12 +277,14 @@ def test_the_paired_test_says_an_lre_no_better_than_a_constant_does_not_beat_it(
             rows[m][f"rel{k}"] = {"relation": f"rel{k}", "part": "factual", "faithfulness": f,
                                   "faithfulness_model_beta": f, "faithfulness_bias_only": f + rng.normal(0, 0.02),
                                   "majority_baseline": f - 0.2 if m != F.MODELS[2] else f + 0.2,
+                                  "constant_token_baseline": f,
                                   "n_objects_test": 5}
     table = F.paired_table(rows)
     line = {m: next(l for l in table.splitlines() if l.startswith(f"| {m} | 12 (own)")) for m in F.MODELS}
-    assert line[F.MODELS[0]].split(" | ")[3].startswith("+0.20 [+0.20, +0.20], p < 0.001, beats it")
-    assert line[F.MODELS[0]].split(" | ")[4].rstrip(" |").endswith("does not beat it"), line[F.MODELS[0]]
-    assert line[F.MODELS[2]].split(" | ")[3].rstrip(" |").endswith("the constant beats it"), line[F.MODELS[2]]
+    assert line[F.MODELS[0]].split(" | ")[3] == "+0.00 [+0.00, +0.00], p 1.000, does not beat it"  # F = token
+    assert line[F.MODELS[0]].split(" | ")[4].startswith("+0.20 [+0.20, +0.20], p < 0.001, beats it")
+    assert line[F.MODELS[0]].split(" | ")[5].rstrip(" |").endswith("does not beat it"), line[F.MODELS[0]]
+    assert line[F.MODELS[2]].split(" | ")[4].rstrip(" |").endswith("the constant beats it"), line[F.MODELS[2]]
     assert "12 (common)" in table
 
 

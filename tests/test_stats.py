@@ -94,6 +94,44 @@ def test_trial_mean_averages_trials_and_resamples_subjects():
     assert lo < 0.5 < hi and hi - lo > 0.15
 
 
+def test_trial_resampling_holds_the_operator_to_operator_variance():
+    """Trials whose operators disagree (half the trials right on every subject, half wrong on every one): a
+    subjects-only interval sees every subject at 0.5 and is a point; drawing trials first gives the wide
+    interval the operators' spread deserves. Trials that agree give the same interval both ways."""
+    c = np.ones((8, 30))
+    h = np.repeat(np.array([1, 0] * 4, float)[:, None], 30, 1)
+    v, lo, hi, n = stats.trial_mean(h, c, seed=0)
+    assert v == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+    v, lo, hi, n = stats.trial_mean(h, c, seed=0, resample="trials+subjects")
+    assert v == pytest.approx(0.5) and lo < 0.3 and hi > 0.7
+    rng = np.random.default_rng(0)
+    same = np.repeat((rng.random(30) < 0.5).astype(float)[None], 8, 0)
+    a = stats.trial_mean(same, c, seed=0)
+    b = stats.trial_mean(same, c, seed=0, resample="trials+subjects")
+    assert a[1] == pytest.approx(b[1], abs=0.02) and a[2] == pytest.approx(b[2], abs=0.02)
+    with pytest.raises(ValueError, match="resample 'trials'; allowed: subjects, trials"):
+        stats.trial_mean(h, c, resample="trials")
+
+
+def test_trial_difference_is_a_paired_test_that_never_calls_equal_scorings_different():
+    """The same outcomes scored twice identically: difference 0, p 1, undecided (however high both are); one
+    scoring right on 6 more subjects of 30 in every trial: above, with the interval around +0.2; the other way
+    round: below. Several settings at once share the constant's scoring."""
+    rng = np.random.default_rng(1)
+    c = np.ones((6, 30))
+    const = (rng.random((6, 30)) < 0.5).astype(float)
+    d = stats.trial_difference(const, const, c, seed=0)
+    assert d["diff"] == 0 and d["p_value"] == 1.0 and d["verdict"] == "undecided"
+    better = const.copy()
+    for t in range(6):
+        better[t, np.flatnonzero(const[t] == 0)[:6]] = 1
+    d = stats.trial_difference(np.stack([better, const]), const, c, seed=0)
+    assert d["diff"][0] == pytest.approx(0.2) and d["verdict"][0] == "above" and d["p_value"][0] < 0.01
+    assert 0.1 < d["low"][0] < 0.2 < d["high"][0] < 0.32 and d["verdict"][1] == "undecided"
+    assert d["n_subjects"] == 30 and d["n_trials"] == 6
+    assert stats.trial_difference(const, better, c, seed=0)["verdict"] == "below"
+
+
 def test_stratified_bootstrap_resamples_within_strata_and_counts_its_resamples():
     from mechfact.stats import stratified_bootstrap
 

@@ -118,8 +118,9 @@ def register(subparsers) -> dict:
     p.add_argument("--max-causality", type=int, default=None,
                    help="authors: at most this many causality edits per trial, taken round-robin over objects "
                         "(default: one per test fact, as the authors; the edits are most of a run's time on a "
-                        "relation the model knows well); faithfulness still scores every test fact")
-    p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256 (default 16..256 + full)")
+                        "relation the model knows well); faithfulness still scores every test fact; 0: no edits, faithfulness "
+                        "only")
+    p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256 (default the authors' 0,8,...,312, up to d_model)")
     common_args(p)
     executor_args(p)  # one job per relation; each Ray worker loads the model itself
 

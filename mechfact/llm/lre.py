@@ -70,11 +70,11 @@ class LreConfig(DictConfig):
     template: int = 0
     max_samples: int | None = None  # cap per relation file (authors: taken round-robin over objects); None: all
     max_test: int | None = None  # cap on test facts per relation (None = all known facts left)
-    max_causality: int | None = None  # authors: cap on a trial's causality edits (None = one per test fact)
+    max_causality: int | None = None  # authors: cap on a trial's causality edits (None = one per test fact; 0 = no edits: faithfulness only)
     chunk: int | None = None  # Jacobian input directions per tangent product (None: all at once; lower: less memory)
     protocol: str = "authors"  # authors: Hernandez et al.'s code (module docstring) | mechfact: the first protocol
     n_trials: int = DEFAULT_TRIALS  # authors: trials (split, prompt, filter, operator) averaged; 24 as the paper
-    ranks: list[int] | None = None  # authors: edit ranks swept (None: 16, 32, 64, 128, 256 and full, up to d_model)
+    ranks: list[int] | None = None  # authors: edit ranks swept (None: theirs, 0, 8, ..., 312, up to d_model)
     dtype: str = "float32"
     batch_size: int = 16
     cache_states: bool = True
@@ -95,7 +95,7 @@ class LreConfig(DictConfig):
         if self.max_test is not None:
             check_int("max_test", self.max_test, 1)
         if self.max_causality is not None:
-            check_int("max_causality", self.max_causality, 1)
+            check_int("max_causality", self.max_causality, 0)
             if self.protocol != "authors":
                 raise ValueError(f"max_causality {self.max_causality}: a cap of the authors' protocol; protocol "
                                  f"{self.protocol!r} edits every test fact (use protocol 'authors' or drop the cap)")
@@ -105,7 +105,7 @@ class LreConfig(DictConfig):
         check_choice("protocol", self.protocol, PROTOCOLS)
         check_int("n_trials", self.n_trials, 1)
         if self.ranks is not None:
-            check_int_list("ranks", self.ranks, 1)
+            check_int_list("ranks", self.ranks, 0)
         check_prompt_options(self)
 
 

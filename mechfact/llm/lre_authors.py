@@ -19,7 +19,9 @@ As their sweep (github evandez/relations, ``src/sweeps.py``) runs it, per trial 
    object. Every edit is a run of the prompt's tail per rank, by far the protocol's largest cost on a relation
    the model knows well; ``max_causality`` (default None: every test fact, as the authors) caps a trial's edits
    at that many pairs, taken round-robin over their objects (:func:`cap_pairs`; faithfulness still scores every
-   test fact; rows carry ``max_causality`` and each trial its ``n_causality_candidates``).
+   test fact; rows carry ``max_causality`` and each trial its ``n_causality_candidates``; 0: no edits at all,
+   faithfulness only). Ranks: the authors' sweep ``range(0, 320, 8)`` clipped to the model's width
+   (:func:`rank_grid`).
 
 What the authors chose on the scored facts is chosen here without them (``selected_on`` in every row):
 
@@ -36,10 +38,16 @@ What the authors chose on the scored facts is chosen here without them (``select
   authors' rule for their published numbers: one beta per model), giving ``faithfulness_model_beta``.
 
 Best-on-test values remain only as ``*_best_on_test_upper_bound``. Each rate is the mean over trials of the
-trial's rate (the authors' aggregation) with a 95% bootstrap interval that resamples subjects
-(:func:`mechfact.stats.trial_mean`); ``_n`` counts subjects. Baselines beside it: ``faithfulness_bias_only``
-(beta = 0: one constant prediction for every subject) and ``majority_baseline`` (share of test facts whose
-object is the trial's most common test object: what the best constant answer gets). A relation whose scored
+trial's rate (the authors' aggregation) with a 95% hierarchical bootstrap interval that draws trials (each its
+own split, prompt and operator), then subjects (:func:`mechfact.stats.trial_mean`, ``intervals`` in every
+row; rows written before said subjects only); ``_n`` counts subjects. Baselines beside it:
+``faithfulness_bias_only`` (beta = 0: one constant prediction for every subject), ``majority_baseline`` (share
+of test facts whose object is the trial's most common test object) and ``constant_token_baseline`` (the share
+the best constant first TOKEN gets under the same first-token match F is scored by, chosen per trial on the
+scored facts: :func:`best_constant_token`; "University" for every ``person university`` fact). F is tested
+against the last two per relation, paired on the same facts (``faithfulness_vs_constant_token_by_beta``,
+``faithfulness_vs_majority_by_beta``: per beta, the difference, its interval and p from one bootstrap drawing
+trials, then subjects: :func:`mechfact.stats.trial_difference`). A relation whose scored
 test facts all have one object, or whose bias alone (beta 0, one constant answer) is right on every scored test
 fact (e.g. "University" is a prefix of every object of ``person university``), is ``degenerate``
 (:func:`degenerate`: a constant scores 1.00; ``degenerate_reason`` says which) and is left out of every mean.
@@ -67,6 +75,41 @@ logger = logging.getLogger(__name__)
 AUTHORS_BETAS = tuple(round(0.25 * i, 2) for i in range(21))  # 0 .. 5 in 21 steps, as the LRE authors
 FIXED_BETA = 2.25  # the authors' beta for GPT-J (LLaMA-13B: 8.0, outside this grid's 0..5)
 DEFAULT_TRIALS = 8
+AUTHORS_RANKS = tuple(range(0, 320, 8))  # the authors' edit-rank sweep (0 .. 312), clipped to d_model
+INTERVALS = "trials+subjects"  # rates' intervals draw trials (operators), then subjects (stats.trial_mean)
+
+
+def rank_grid(ranks, d_model: int) -> list[int]:
+    """The edit ranks a run sweeps: ``ranks`` (None: :data:`AUTHORS_RANKS`) clipped to ``d_model``, sorted, once
+    each."""
+    return sorted({min(int(r), d_model) for r in (AUTHORS_RANKS if ranks is None else ranks)})
+
+
+_VOCAB: dict[int, frozenset] = {}
+
+
+def _vocab_strings(tok) -> frozenset:
+    """Every token's decoded text, stripped and lower-cased (what :func:`prefix_match` compares), once per
+    tokenizer."""
+    key = id(tok)
+    if key not in _VOCAB:
+        n = len(tok)
+        _VOCAB[key] = frozenset(t.strip().lower() for t in tok.batch_decode([[i] for i in range(n)]))
+    return _VOCAB[key]
+
+
+def best_constant_token(objects: list[str], vocab: frozenset) -> tuple[str | None, list[bool]]:
+    """The one first token that, answered for every fact, is right on the most of ``objects`` under the
+    authors' first-token match (a token's stripped, lower-cased text is a non-empty prefix of the object):
+    among every prefix of an object that is some token's text, the one most objects start with (ties: the
+    longer, then the alphabetically first). Chosen on the scored facts themselves, so it is what the best
+    constant answer gets -- an upper bound for any constant. Returns the token text and its hit per object."""
+    low = [str(o).lower() for o in objects]
+    cands = {o[:k] for o in low for k in range(1, len(o) + 1) if o[:k] in vocab and o[:k].strip()}
+    if not cands:
+        return None, [False] * len(objects)
+    best = max(cands, key=lambda c: (sum(o.startswith(c) for o in low), len(c), [-ord(ch) for ch in c]))
+    return best, [o.startswith(best) for o in low]
 
 
 def max_coverage_split(objects: list[str], subjects: list[str], n_train: int, rng: np.random.Generator
@@ -141,7 +184,7 @@ class _Outcomes:
 
     def estimate(self, seed: int):
         trials = self.counts.sum(1) > 0
-        return stats.trial_mean(self.hits[:, trials], self.counts[trials], seed=seed)
+        return stats.trial_mean(self.hits[:, trials], self.counts[trials], seed=seed, resample=INTERVALS)
 
 
 def degenerate(row: dict) -> str | None:
@@ -182,9 +225,10 @@ def _checkpoint_key(rel, cfg, layers: list[int], seed: int, ranks: list[int]) ->
 
 
 def _save_trials(path: Path, key: dict, next_trial: int, per_layer: dict, majority: "_Outcomes",
-                 known: set, objects: set, trials_meta: list) -> None:
+                 constant: "_Outcomes", known: set, objects: set, trials_meta: list) -> None:
     """The accumulated outcomes of a relation's finished trials, written atomically (one .npz)."""
-    arrays = {"majority_hits": majority.hits, "majority_counts": majority.counts}
+    arrays = {"majority_hits": majority.hits, "majority_counts": majority.counts,
+              "constant_hits": constant.hits, "constant_counts": constant.counts}
     counts = {}
     for layer, acc in per_layer.items():
         for name in ("faith", "caus", "proj"):
@@ -203,8 +247,8 @@ def _meta(z) -> dict:
     return json.loads(bytes(z["meta"]).decode())
 
 
-def _load_trials(path: Path, key: dict, per_layer: dict, majority: "_Outcomes", known: set, objects: set,
-                 trials_meta: list) -> int:
+def _load_trials(path: Path, key: dict, per_layer: dict, majority: "_Outcomes", constant: "_Outcomes", known: set,
+                 objects: set, trials_meta: list) -> int:
     """Restores a relation's finished trials from :func:`_save_trials`' file; the first trial still to run (0
     when there is no file, or one written for another relation, config, layers or seed)."""
     if not path.is_file():
@@ -217,6 +261,7 @@ def _load_trials(path: Path, key: dict, per_layer: dict, majority: "_Outcomes", 
                                "over", path)
                 return 0
             majority.hits[:], majority.counts[:] = z["majority_hits"], z["majority_counts"]
+            constant.hits[:], constant.counts[:] = z["constant_hits"], z["constant_counts"]
             for layer, acc in per_layer.items():
                 for name in ("faith", "caus", "proj"):
                     acc[name].hits[:], acc[name].counts[:] = z[f"{layer}_{name}_hits"], z[f"{layer}_{name}_counts"]
@@ -224,6 +269,10 @@ def _load_trials(path: Path, key: dict, per_layer: dict, majority: "_Outcomes", 
                 acc["train_f_n"], acc["train_c_n"] = meta["train_counts"][str(layer)]
     except (OSError, ValueError, KeyError, EOFError) as e:  # a damaged file: the relation starts over
         logger.warning("%s: unreadable trial checkpoint (%s); starting the relation over", path, e)
+        for o in (majority, constant, *(acc[n] for acc in per_layer.values() for n in ("faith", "caus", "proj"))):
+            o.hits[:], o.counts[:] = 0, 0  # nothing half-restored stays
+        for acc in per_layer.values():
+            acc["train_f"][:], acc["train_c"][:], acc["train_f_n"], acc["train_c_n"] = 0, 0, 0, 0
         return 0
     known.update(meta["known_facts"])
     objects.update(meta["scored_objects"])
@@ -261,18 +310,20 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False,
     subj_ids = {s: k for k, s in enumerate(dict.fromkeys(rel.subjects))}
     n_subj = len(subj_ids)
     fixed = cfg.beta if cfg.beta is not None else FIXED_BETA
-    ranks = sorted({min(r, lm.d_model) for r in (cfg.ranks or (16, 32, 64, 128, 256, lm.d_model))})
+    ranks = rank_grid(cfg.ranks, lm.d_model)
     T = cfg.n_trials
     B = len(AUTHORS_BETAS)
     per_layer = {l: {"faith": _Outcomes(B, T, n_subj), "caus": _Outcomes(len(ranks), T, n_subj),
                      "proj": _Outcomes(len(ranks), T, n_subj), "train_f": np.zeros(B), "train_f_n": 0,
                      "train_c": np.zeros(len(ranks)), "train_c_n": 0} for l in layers}
     majority = _Outcomes(1, T, n_subj)
+    constant = _Outcomes(1, T, n_subj)  # the best constant first token (:func:`best_constant_token`)
+    vocab = _vocab_strings(tok) if cfg.facts != "all" else frozenset()
     known_facts: set[int] = set()
     scored_objects: set[str] = set()
     trials_meta, op = [], None
     key = _checkpoint_key(rel, cfg, layers, seed, ranks)
-    state = (per_layer, majority, known_facts, scored_objects, trials_meta)
+    state = (per_layer, majority, constant, known_facts, scored_objects, trials_meta)
     start = 0 if checkpoint is None else _load_trials(Path(checkpoint), key, *state)
     for t in range(start, T):
         if checkpoint is not None and t > start:  # trial t - 1 is finished: keep it
@@ -313,17 +364,25 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False,
         top_obj = max(counts, key=lambda o: (counts[o], str(o)))
         for i in kept:
             majority.add(t, subj_ids[rel.subjects[i]], [target(i) == top_obj])
+        if cfg.facts == "all":  # scored against the model's own token: the best constant is the commonest one
+            const_tok, const_hits = str(top_obj), [target(i) == top_obj for i in kept]
+        else:
+            const_tok, const_hits = best_constant_token([rel.objects[i] for i in kept], vocab)
+        for i, hit in zip(kept, const_hits):
+            constant.add(t, subj_ids[rel.subjects[i]], [hit])
         pairs = []  # edit targets: other test facts with another subject and another object
         for i in kept:
             others = [j for j in kept if rel.subjects[j] != rel.subjects[i] and target(j) != target(i)]
             if others:
                 pairs.append((i, int(rng.choice(others))))
         n_pairs = len(pairs)
-        if cfg.max_causality is not None and n_pairs > cfg.max_causality:
+        if cfg.max_causality == 0:  # faithfulness only: no edits at all (nor the training facts' rank choice)
+            pairs = []
+        elif cfg.max_causality is not None and n_pairs > cfg.max_causality:
             pairs = cap_pairs(pairs, [target(i) for i, _ in pairs], cfg.max_causality,
                               np.random.default_rng(derive_seed(seed, f"llm.lre.authors.causality.{rel.name}", t)))
         train_pairs = []
-        for i in train:
+        for i in (train if cfg.max_causality != 0 else ()):
             others = [j for j in train if rel.subjects[j] != rel.subjects[i] and target(j) != target(i)]
             if others:
                 train_pairs.append((i, int(rng.choice(others))))
@@ -372,18 +431,29 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False,
                     acc["caus"].add(t, subj_ids[rel.subjects[i]], hits[:, 0])
                     acc["proj"].add(t, subj_ids[rel.subjects[i]], hits[:, 1])
         trials_meta.append({"train_subjects": [rel.subjects[i] for i in train], "n_test": len(kept),
-                            "n_causality": len(pairs), "n_causality_candidates": n_pairs, "skipped": False})
+                            "n_causality": len(pairs), "n_causality_candidates": n_pairs,
+                            "constant_token": const_tok, "skipped": False})
     head = {"relation": rel.name, "kind": rel.kind, "n_samples": n, "n_train": cfg.n_train,
             "n_trials": sum(not m["skipped"] for m in trials_meta), "n_trials_asked": T,
             "n_known": len(known_facts), "protocol": "authors", "beta": fixed,
             "max_causality": cfg.max_causality}
-    rows = [_layer_row(head, per_layer[l], majority, trials_meta, scored_objects, ranks, fixed, l, seed)
+    rows = [_layer_row(head, per_layer[l], majority, constant, trials_meta, scored_objects, ranks, fixed, l, seed)
             for l in layers]
     return rows, op
 
 
-def _layer_row(head: dict, acc: dict, majority: _Outcomes, trials: list[dict], objects: set, ranks: list[int],
-               fixed: float, layer: int, seed: int) -> dict:
+def _paired(acc: _Outcomes, base: _Outcomes, seed: int) -> dict[str, list]:
+    """Per beta: [difference, low, high, p] of F against a constant's hits on the same test facts (a paired
+    bootstrap that draws trials, then subjects: :func:`mechfact.stats.trial_difference`)."""
+    trials = acc.counts.sum(1) > 0
+    d = stats.trial_difference(acc.hits[:, trials], base.hits[0, trials], acc.counts[trials], seed=seed,
+                               resample=INTERVALS)
+    return {str(b): [_f(d["diff"][q]), _f(d["low"][q]), _f(d["high"][q]), _f(d["p_value"][q])]
+            for q, b in enumerate(AUTHORS_BETAS)}
+
+
+def _layer_row(head: dict, acc: dict, majority: _Outcomes, constant: _Outcomes, trials: list[dict], objects: set,
+               ranks: list[int], fixed: float, layer: int, seed: int) -> dict:
     ran = [m for m in trials if not m["skipped"]]
     row = {**head, "layer": layer, "n_test": int(round(np.mean([m["n_test"] for m in ran]))) if ran else 0,
            "n_causality": int(round(np.mean([m["n_causality"] for m in ran]))) if ran else 0,
@@ -401,7 +471,11 @@ def _layer_row(head: dict, acc: dict, majority: _Outcomes, trials: list[dict], o
         return stats.Estimate(_f(v[k]), _f(lo[k]), _f(hi[k]), n, "bootstrap")
 
     mv, mlo, mhi, mn = majority.estimate(seed)
+    cv_, clo_, chi_, cn_ = constant.estimate(seed)
     row.update(
+        intervals=INTERVALS, **stats.fields("constant_token_baseline", est(cv_, clo_, chi_, 0, cn_)),
+        faithfulness_vs_constant_token_by_beta=_paired(acc["faith"], constant, seed),
+        faithfulness_vs_majority_by_beta=_paired(acc["faith"], majority, seed),
         **stats.fields("faithfulness", est(fv, flo, fhi, k_fixed, fn)), faithfulness_selected_on="fixed",
         train_beta=train_beta, **stats.fields("faithfulness_train_beta", est(fv, flo, fhi, k_train, fn)),
         faithfulness_train_beta_selected_on="train",
@@ -487,6 +561,10 @@ def add_model_beta(rows: list[dict], fixed: float = FIXED_BETA) -> float:
         r.update(model_beta=mb, faithfulness_model_beta=fb[str(mb)],
                  faithfulness_model_beta_ci=r["faithfulness_by_beta_ci"][str(mb)],
                  faithfulness_model_beta_n=r["faithfulness_n"], faithfulness_model_beta_selected_on="train")
+        for base in ("constant_token", "majority"):  # the paired per-relation tests at that beta (newer rows)
+            paired = (r.get(f"faithfulness_vs_{base}_by_beta") or {}).get(str(mb))
+            if paired is not None:
+                r[f"faithfulness_model_beta_vs_{base}"] = paired
     return mb
 
 
@@ -495,7 +573,7 @@ def summary(rows: list[dict], seed: int = 0) -> dict:
     out = {}
     ok = [r for r in rows if r.get("faithfulness") is not None and not degenerate(r)]
     for key in ("faithfulness", "faithfulness_train_beta", "faithfulness_model_beta", "faithfulness_bias_only",
-                "majority_baseline", "causality"):
+                "majority_baseline", "constant_token_baseline", "causality"):
         vals = [r[key] for r in ok if r.get(key) is not None]
         out.update(stats.fields(f"mean_{key}", stats.bootstrap(vals, seed=seed)))
     out["n_relations_degenerate"] = sum(degenerate(r) is not None for r in rows if r.get("faithfulness") is not None)
