@@ -44,6 +44,9 @@ SWEEP_LAYERS = {"smollm2-135m-instruct": "3,9,15,21,25", "gemma3-270m": "2,5,9,1
                 "qwen2.5-coder-0.5b-instruct": "2,7,12,16,20"}
 STRIDE = {"smollm2-135m-instruct": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
           "qwen2.5-coder-0.5b-instruct": "0,3,6,9,12,15,18,21,23"}
+# Faithfulness-only runs at the paper's 24 trials (no edits: --max-causality 0), where every test fact's outcome
+# is kept for the per-relation paired tests against the constants: (model, part)
+TRIALS24 = (("smollm2-135m-instruct", "factual"),)
 SWEEP_MAX_CAUSALITY = 64  # the sweep's edits per trial and layer: edits are most of its cost on a known relation
 LRE_LAYER = {"smollm2-135m-instruct": 15, "gemma3-270m": 9,
              "qwen2.5-coder-0.5b-instruct": 12}  # n_layers // 2, the default
@@ -82,6 +85,9 @@ def run(out: Path, data: Path) -> None:
             jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(data / part), "--relation-names",
                                                                  *SWEEP[part], "--layers", SWEEP_LAYERS[m],
                                                                  "--max-causality", str(SWEEP_MAX_CAUSALITY)]))
+        for part in (p for mm, p in TRIALS24 if mm == m):
+            jobs.append((out / m / f"lre_trials24_{part}", lre + ["--relations", str(data / part), "--trials", "24",
+                                                                   "--max-causality", "0"]))
         jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m]]))
         jobs.append((out / m / "superposition_words", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
                                                        "--prompt", "words"]))
@@ -619,6 +625,49 @@ def superposition_table(out: Path, name: str = "superposition") -> str:
     return "\n".join(rows)
 
 
+def known_table(out: Path, name: str = "superposition") -> str:
+    """Per model and layer: the same held-out fits scored on the subjects the model knows and on the others
+    (the full fit, and beyond the whole layer-0 state), each group's R^2 [95%], the difference and its
+    relabelling p; Holm over every difference test of the table; then one line per model."""
+    from mechfact import stats
+
+    got = []
+    for m in MODELS:
+        r = _read(out / m / name / "result.json") or {}
+        for x in r.get("per_layer", []):
+            for kind in ("known_contrast", "known_contrast_beyond_layer0"):
+                c = x.get(kind)
+                if c and c.get("p_value") is not None:
+                    got.append((m, x["layer"], kind, c))
+    if not got:
+        return ("Known against unknown subjects: not in these runs (rows written before the contrast; a rerun "
+                "makes it).")
+    holm = dict(zip(range(len(got)), stats.holm([c["p_value"] for *_, c in got])))
+    rules = {m: (_read(out / m / name / "result.json") or {}).get("known_rule") for m in MODELS}
+    rows = ["Known against unknown subjects (" + "; ".join(f"{m}: {v}" for m, v in rules.items() if v) + "). "
+            "Each cell: known / unknown R^2 [95%], the difference, its p from relabelling the subjects and its "
+            f"Holm p over the {len(got)} tests of this table.\n",
+            "| model | layer | full fit: known / unknown, diff (p, Holm) | beyond layer 0: known / unknown, diff (p, "
+            "Holm) |", "|---|---|---|---|"]
+    cells = {}
+    for k, (m, layer, kind, c) in enumerate(got):
+        cells.setdefault((m, layer), {})[kind] = (
+            f"{_ci(c, 'r2_known', '.3f')} / {_ci(c, 'r2_unknown', '.3f')}, {c['diff']:+.3f} "
+            f"(p {_p(c['p_value'])}, Holm {_p(holm[k])})")
+    for (m, layer), d in cells.items():
+        rows.append(f"| {m} | {layer} | {d.get('known_contrast', '—')} | "
+                    f"{d.get('known_contrast_beyond_layer0', '—')} |")
+    for m in MODELS:
+        mine = [(k, c) for k, (mm, layer, kind, c) in enumerate(got) if mm == m and kind == "known_contrast_beyond_layer0"
+                and layer > 0]
+        if mine:
+            up = sum(holm[k] < 0.05 and c["diff"] > 0 for k, c in mine)
+            down = sum(holm[k] < 0.05 and c["diff"] < 0 for k, c in mine)
+            rows.append(f"\n{m}: beyond layer 0, the known subjects' states fit the attributes better at {up} and "
+                        f"worse at {down} of the {len(mine)} layers after layer 0 (Holm p < 0.05).")
+    return "\n".join(rows)
+
+
 def _beyond_layer0(x: dict) -> str:
     """The two cells of the whole-layer-0 control (rows of runs made before it: "-")."""
     if "r2_heldout_beyond_layer0" not in x:
@@ -716,14 +765,17 @@ def _kept(folders: list[Path]) -> list[tuple[str, int, int]]:
 
 def runs_status(out: Path) -> str:
     """Which run folders exist: every table below says what it rests on."""
-    names = ["probe", *[f"lre_authors_{p}" for p in PARTS], *[f"lre_layers_{p}" for p in PARTS], *SUPERPOSITION_RUNS]
+    names = ["probe", *[f"lre_authors_{p}" for p in PARTS], *[f"lre_layers_{p}" for p in PARTS],
+             *dict.fromkeys(f"lre_trials24_{p}" for _, p in TRIALS24), *SUPERPOSITION_RUNS]
     rows = ["| run | " + " | ".join(MODELS) + " |", "|---|" + "---|" * len(MODELS)]
     for n in names:
-        rows.append(f"| {n} | " + " | ".join(_part_status(out, m, n) for m in MODELS) + " |")
+        planned = {m for m, p in TRIALS24 if n == f"lre_trials24_{p}"} if n.startswith("lre_trials24_") else MODELS
+        rows.append(f"| {n} | " + " | ".join(_part_status(out, m, n) if m in planned else "not planned"
+                                             for m in MODELS) + " |")
     return "\n".join(rows)
 
 
-DOC_HEAD = """# Relational linearity in pretrained LLMs: SmolLM2-135M, Gemma-3-270M, Qwen2.5-0.5B
+DOC_HEAD = """# Relational linearity in pretrained LLMs: SmolLM2-135M-Instruct, Gemma-3-270M (base), Qwen2.5-Coder-0.5B-Instruct
 
 This page is written by `python -m probes.families --out docs/runs/fam --doc docs/results_llm.md` from the run
 files under `docs/runs/fam` alone: the configs, results and metadata of the run folders that
@@ -736,13 +788,53 @@ LRE protocol (the authors' sweep, every choice on training facts): per trial an 
 training facts as the in-context examples of every prompt, test facts filtered under that prompt (the fact's own
 object); F = faithfulness at beta 2.25 fixed in advance; F(β*) = at the model's one beta chosen on the training
 facts pooled over relations (the authors' rule for their published numbers: one beta per model); β0 = beta 0,
-the bias alone; maj = the share of the most common test object (what a constant answer gets); C = causality at
+the bias alone; maj = the share of the most common test object; tok = what the best constant first token gets
+(one token for every fact, chosen on the scored facts, under the first-token match F is scored by: the fair
+constant for F; in runs that record it); C = causality at
 the rank chosen on the training facts (on every test fact of a trial, as the authors, except where a cell says
 `≤K edits/trial`: K of them, taken round-robin over objects, `--max-causality K`, for the largest files on the
-slower models). Intervals: bootstrap over subjects (cells) or over relations (means).
+slower models). Intervals: bootstrap over subjects (cells; runs that record the best constant token draw
+trials, each its own operator, then subjects) or over relations (means).
 `n a×b`: a test facts per trial, b trials. Degenerate relations (every test fact one object, or the bias alone
 right on every test fact: a constant answer scores 1.00) are marked and left out of the means.
 """
+
+
+def trials24_section(out: Path) -> str:
+    """The faithfulness-only runs at 24 trials (:data:`TRIALS24`): F(β*) against the best constant first token
+    and the majority object, over relations and per relation, paired on the same facts."""
+    res = {m: {} for m in MODELS}
+    for m, part in TRIALS24:
+        r = _read(out / m / f"lre_trials24_{part}" / "result.json")
+        res[m].update({x["relation"]: {**x, "part": part} for x in (r or {}).get("per_relation", [])})
+    if not any(res.values()):
+        return "Not run yet (`--run` makes them)."
+    lines = []
+    for m in MODELS:
+        if res[m]:
+            mb = lre_authors.add_model_beta(list(res[m].values()))
+            n_ok = sum(x.get("faithfulness") is not None and not lre_authors.degenerate(x) for x in res[m].values())
+            lines.append(f"{m}: {len(res[m])} relations run ({', '.join(p for mm, p in TRIALS24 if mm == m)}), "
+                         f"{n_ok} scored and not degenerate; the model's beta {mb}, chosen on the training facts "
+                         "of these relations; intervals draw trials (each its own split, prompt and operator), "
+                         "then subjects.")
+    rows = ["| relation | " + " | ".join(f"{m}: n, F(β*) [95%], best constant token [95%] (token), majority "
+                                         "[95%]" for m in MODELS if res[m]) + " |",
+            "|---|" + "---|" * sum(bool(res[m]) for m in MODELS)]
+    for n in sorted({n for r in res.values() for n in r}):
+        cells = []
+        for m in (m for m in MODELS if res[m]):
+            x = res[m].get(n)
+            if x is None or x.get("faithfulness") is None:
+                cells.append("not run" if x is None else f"{x['n_known']}/{x['n_samples']}: too few known")
+                continue
+            toks = sorted({t.get("constant_token") for t in x["trials"] if not t.get("skipped")} - {None})
+            deg = " **degenerate**" if lre_authors.degenerate(x) else ""
+            cells.append(f"{x['n_test']}×{x['n_trials']}: {_ci(x, 'faithfulness_model_beta')}, "
+                         f"{_ci(x, 'constant_token_baseline')} ({', '.join(repr(t) for t in toks[:3])}"
+                         f"{', …' if len(toks) > 3 else ''}), {_ci(x, 'majority_baseline')}{deg}")
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(["\n".join(lines), "", *rows, "", paired_table(res), "", relation_tests_table(res)])
 
 
 def write_doc(out: Path, path: Path) -> None:
@@ -753,6 +845,12 @@ def write_doc(out: Path, path: Path) -> None:
     parts += ["## LRE, the authors' protocol, factual relations (middle layer)\n", lre_table(out, "factual"), "",
               "## LRE, the authors' protocol, linguistic relations (middle layer)\n", lre_table(out, "linguistic"), "",
               "![LRE per relation](img/families_lre.png)\n",
+              "## LRE at 24 trials, faithfulness only: F against the constant answers, relation by relation\n",
+              "As the sections above, with the paper's 24 trials, no edits (`--max-causality 0`), and every test "
+              "fact's outcome kept, so that F(β*) is tested against the best constant first token (one token "
+              "answered for every fact, chosen per trial on the scored facts themselves: an upper bound for any "
+              "constant, scored by the same first-token match as F) and the majority object on the same facts.\n",
+              trials24_section(out), "",
               "## LRE layer sweep (layers chosen on training facts)\n", lre_sweep_table(out), "",
               "## Readout (the 14 shipped relations)\n", readout_table(out), "",
               "## Superposition of a subject's attributes (the shipped countries)\n",
@@ -764,7 +862,7 @@ def write_doc(out: Path, path: Path) -> None:
               "against its shuffled null). A fit that layer 0 already carries is the subject's lexical geometry, not "
               "recalled attributes: the last column is the test of recall.\n",
               *[superposition_table(out, n) + "\n\nWhat holds (computed from the rows above):\n\n"
-                + superposition_statement(out, n) + "\n" for n in SUPERPOSITION_RUNS],
+                + superposition_statement(out, n) + "\n\n" + known_table(out, n) + "\n" for n in SUPERPOSITION_RUNS],
               "![three families](img/families.png)\n"]
     from mechfact.runs import atomic_path
 

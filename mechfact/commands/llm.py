@@ -94,7 +94,7 @@ def register(subparsers) -> dict:
 
     p = sub.add_parser("lre", help="linear relational embeddings: faithfulness and causality")
     _model_args(p)
-    p.add_argument("--layer", type=int, default=None, help="subject layer l (default: n_layers // 2, 15 for SmolLM2-135M)")
+    p.add_argument("--layer", type=int, default=None, help="subject layer l (default: n_layers // 2, 15 for the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--layers", default=None,
                    help="sweep subject layers instead, e.g. 3,9,15 or 4-20 (each relation is reported at its best "
                         "layer, every layer kept in per_relation_layer and the figure)")
@@ -130,7 +130,7 @@ def register(subparsers) -> dict:
     p = sub.add_parser("superposition", help="is a subject's state a superposition of its attributes under "
                                              "several relations? (per layer, with controls)")
     p.add_argument("--model", default="default",
-                   help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M)")
+                   help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M-Instruct, Q4_1)")
     p.add_argument("--relations", default=None,
                    help="folder of relations that share subjects (default: mechfact/data/countries, 73 countries "
                         "x 5 relations)")
@@ -167,7 +167,7 @@ def register(subparsers) -> dict:
 
     p = sub.add_parser("trace", help="causal tracing: where restoring one clean state brings a corrupted fact back")
     p.add_argument("--model", default="default",
-                   help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M)")
+                   help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M-Instruct, Q4_1)")
     p.add_argument("--relations", nargs="+", default=None, metavar="SOURCE",
                    help="relation JSON files or folders of them; 'shipped': the shipped dataset (default: shipped)")
     p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")

@@ -1,7 +1,7 @@
 """Pretrained LLMs probed with the same readouts as the synthetic models, and the LRE (Hernandez et al. 2024).
 
 * :mod:`.loading` -- the one module that boots models (transformer-lens bridge): ``load_model`` returns a
-  :class:`~.language_model.LanguageModel`; embedded default SmolLM2-135M; in-memory Hugging Face models.
+  :class:`~.language_model.LanguageModel`; embedded default SmolLM2-135M-Instruct (Q4_1); in-memory Hugging Face models.
 * :mod:`.relations` -- :class:`~.relations.Relation` (in memory or from the JSON format of ``mechfact/data/relations``).
 * :mod:`.prompts` -- zero-/k-shot prompts with subject token positions; ``probe_set`` for the shared probes.
 * :mod:`.probe` -- layer-wise linear readouts: ``layer_readout`` (in memory), ``run_llm_probe`` (run directory).

@@ -57,6 +57,11 @@ Nulls and controls, per layer (``n_null`` draws each, default 200; the same draw
   (the span of the per-relation readout directions fitted on the training subjects: the top singular vectors of
   each ridge map h -> a_r, 90% of its energy, at most 8 per relation). The subspace is refitted under every
   null draw (with the shuffled or random attributes), so its null is matched;
+* ``known_contrast`` and ``known_contrast_beyond_layer0``: the same held-out fits scored separately on the
+  subjects the model knows (its top token on a 3-shot prompt spells the object for most of the subject's
+  relations; ``recalled`` lists them per subject) and on the others: each group's R^2 with its interval and its
+  p against the shuffled draws, the difference and its p from relabelling subjects. Recall stored in the
+  subject state should fit better where the model recalls;
 * ``decodability``: per relation, the held-out accuracy of a linear (ridge, closed form) readout of the
   attribute from the z-scored state (a one-hot class readout for many-to-one relations, the nearest attribute
   code for one-to-one ones), against the same readout with the labels shuffled across subjects.
@@ -81,8 +86,9 @@ from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import LanguageModel, load_model
 from .relations import as_relations
-from .superposition_data import (ATTRIBUTES, PROMPTS, SuperpositionConfig, _objects, attribute_table, countries_dir,
-                                 shared_first_token, shared_subjects, subject_states, subject_token_counts)
+from .superposition_data import (ATTRIBUTES, KNOWN_SHARE, PROMPTS, SuperpositionConfig, _objects, attribute_table,
+                                 countries_dir, shared_first_token, shared_subjects, subject_recall, subject_states,
+                                 subject_token_counts)
 from .superposition_stats import (DROP_SHARE, ENERGY, MASSIVE_SHARE, PER_RELATION, ROW_FORMAT, _layer_row,
                                   _one_blas_thread, _setup, massive_coordinates, scaled)
 from .superposition_stats import _readout_subspace  # noqa: F401 (public here too)
@@ -112,6 +118,8 @@ class LlmSuperpositionResult:
     n_null: int = 200
     shared_first_token: dict = field(default_factory=dict)  # relation -> groups of objects merged into one code
     massive_coordinate_layers: list[int] = field(default_factory=list)  # layers where one coordinate holds > 50%
+    recalled: dict = field(default_factory=dict)  # subject -> relations whose object the model recalls (3-shot)
+    known_rule: str = ""
 
     @property
     def records(self) -> list[dict]:
@@ -148,7 +156,14 @@ def _run(lm, cfg, relations, seed, progress, on_layer=None, done=None) -> LlmSup
         if groups:
             logger.warning("%s: objects sharing a first token are one attribute code (their unembedding rows are "
                            "the same): %s", name, "; ".join(" = ".join(g) for g in groups))
+    recall = subject_recall(lm, rels, subjects, batch_size=cfg.batch_size)
+    known = recall.sum(1) > KNOWN_SHARE * len(rels)
+    rule = (f"known: the model's top token on a 3-shot prompt spells the object for more than {KNOWN_SHARE:.0%} "
+            f"of the subject's {len(rels)} relations ({int(known.sum())} of {len(subjects)} subjects)")
+    logger.info(rule)
     res = LlmSuperpositionResult(lm.name, names, subjects, cfg.attributes, prompt=cfg.prompt,
+                                 recalled={s: [n for n, ok in zip(names, recall[k]) if ok]
+                                           for k, s in enumerate(subjects)}, known_rule=rule,
                                  standardize=cfg.standardize, drop_massive=cfg.drop_massive, folds=cfg.k_folds,
                                  repeats=cfg.n_splits, n_null=cfg.n_null,
                                  shared_first_token={k: v for k, v in shared.items() if v})
@@ -166,7 +181,7 @@ def _run(lm, cfg, relations, seed, progress, on_layer=None, done=None) -> LlmSup
         else:
             with _one_blas_thread():
                 row = {"layer": layer, **_layer_row(states[todo.index(layer)].double().numpy(), S, cfg,
-                                                    derive_seed(seed, "llm.superposition.bootstrap", layer))}
+                                                    derive_seed(seed, "llm.superposition.bootstrap", layer), known)}
             for name, groups in res.shared_first_token.items():
                 row["decodability"][name]["shared_first_token"] = groups
                 row["decodability"][name]["note"] = ("objects sharing a first token are one class here: "

@@ -138,6 +138,27 @@ def attribute_table(lm: LanguageModel, rels: list[Relation], subjects: list[str]
     return V, np.array(perms), names
 
 
+KNOWN_SHARE = 0.5  # a subject is "known" when the model recalls MORE than this share of its relations
+
+
+def subject_recall(lm: LanguageModel, rels: list[Relation], subjects: list[str], k_shot: int = 3,
+                   batch_size: int = 16) -> np.ndarray:
+    """(n_subjects, R) whether the model recalls each subject's object under each relation: its top next token,
+    on a ``k_shot`` in-context prompt of the relation (seed 0), spells the object
+    (:func:`mechfact.llm.prompts.spells_object`: a generic first token such as " the" does not count)."""
+    from ..probes.queries import predictions
+    from .prompts import spells_object
+
+    index = {s: k for k, s in enumerate(subjects)}
+    out = np.zeros((len(subjects), len(rels)), dtype=bool)
+    for r, rel in enumerate(rels):
+        prompts = [p for p in build_prompts(rel, lm.tokenizer, lm.bos_id, k=k_shot, seed=0) if p.subject in index]
+        top = predictions(lm, ProbeSet.from_prompts(prompts, pad_id=lm.pad_id), batch_size=batch_size)
+        for p, t in zip(prompts, top):
+            out[index[p.subject], r] |= spells_object(lm.tokenizer, int(t), p.object)
+    return out
+
+
 def subject_states(lm: LanguageModel, subjects: list[str], cfg: SuperpositionConfig, layers: list[int],
                    progress: bool = False) -> torch.Tensor:
     """(layers, n_subjects, d_model) states at the subject's last token of the neutral prompt."""

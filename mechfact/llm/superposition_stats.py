@@ -21,7 +21,7 @@ MASSIVE_SHARE = 0.5  # one coordinate with more than this share of the states' v
 DROP_SHARE = 0.1  # drop_massive removes coordinates with more than this share of the training variance
 PER_RELATION = 8  # readout directions per relation in the attribute subspace (at most)
 ENERGY = 0.9  # ... enough of them for this share of the readout map's energy
-ROW_FORMAT = 4  # rows without this "format" (earlier versions) are recomputed on resume
+ROW_FORMAT = 5  # rows without this "format" (earlier versions) are recomputed on resume
 
 
 def scaled(X: np.ndarray, tr: np.ndarray, standardize: bool) -> np.ndarray:
@@ -224,8 +224,41 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, seed: int, minus: np.ndarray | N
     return stats.bootstrap(np.stack(cols, 1), stat, seed=seed)
 
 
-def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int) -> dict:
-    """Every number of one layer (states ``X`` (n, d)); see :mod:`mechfact.llm.superposition`."""
+MIN_GROUP = 5  # subjects each side of the known / unknown contrast, at least
+N_PERM = 5000
+
+
+def known_contrast(res: np.ndarray, sst: np.ndarray, known: np.ndarray | None, seed: int,
+                   null_res: np.ndarray | None = None) -> dict | None:
+    """What the attributes explain of the held-out states of the subjects the model knows against those it does
+    not: each group's pooled R^2 (``1 - sum res / sum sst`` over its subjects, bootstrapped over them; with
+    ``null_res`` (B, n) the shuffled-attribute draws, each group's p against them), the difference known minus
+    unknown and its p from relabelling the subjects (two-sided, ``N_PERM`` draws). The fits are the same for
+    both groups (every subject is held out once); only the scoring is split. None without ``known``; counts only
+    when a group has fewer than ``MIN_GROUP`` subjects."""
+    if known is None:
+        return None
+    k = np.asarray(known, dtype=bool)
+    out = {"n_known": int(k.sum()), "n_unknown": int((~k).sum()), "min_group": MIN_GROUP}
+    if k.sum() < MIN_GROUP or (~k).sum() < MIN_GROUP:
+        return out
+    for name, g in (("known", k), ("unknown", ~k)):
+        out.update(stats.fields(f"r2_{name}", _ratio_ci(res[g], sst[g], seed)))
+        if null_res is not None:
+            out[f"null_{name}"] = stats.null_summary(out[f"r2_{name}"], 1 - null_res[:, g].sum(1) / sst[g].sum())
+    diff = out["r2_known"] - out["r2_unknown"]
+    rng = np.random.default_rng(seed)
+    perm = np.stack([rng.permutation(k) for _ in range(N_PERM)])
+    tot = lambda m, v: (v[None] * m).sum(1)  # noqa: E731
+    null = (1 - tot(perm, res) / tot(perm, sst)) - (1 - tot(~perm, res) / tot(~perm, sst))
+    out.update(diff=float(diff), p_value=stats.permutation_pvalue(abs(diff), np.abs(null)), n_perm=N_PERM)
+    return out
+
+
+def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int, known: np.ndarray | None = None
+               ) -> dict:
+    """Every number of one layer (states ``X`` (n, d)); see :mod:`mechfact.llm.superposition`. ``known`` (n,):
+    the subjects the model recalls, for :func:`known_contrast`."""
     n, R, B = X.shape[0], len(S.names), cfg.n_null
     L = S.layout
     res = np.zeros((L[f"drop_null.{R - 1}"].stop, n))
@@ -334,6 +367,9 @@ def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int) ->
     row.update(stats.fields("r2_heldout_beyond_layer0", lz))
     row["null_beyond_layer0"] = stats.null_summary(lz.value, 1 - l0_res[1:].sum(1) / l0_sst.sum())
     row.update(stats.fields("r2_heldout_layer0_only", _ratio_ci(l0_only, sst, seed)))
+    # known against unknown subjects: the full fit, and beyond the layer-0 state
+    row["known_contrast"] = known_contrast(res[0], sst, known, seed, res[L["shuffled"]])
+    row["known_contrast_beyond_layer0"] = known_contrast(l0_res[0], l0_sst, known, seed, l0_res[1:])
     # in the attribute subspace (refitted under every draw)
     so = _ratio_ci(sub_res[0], sub_sst[0], seed)
     row.update(stats.fields("r2_heldout_attribute_subspace", so))

@@ -229,7 +229,7 @@ def logits_of(out) -> Tensor:
 def keeps_logits(model) -> bool:
     """Whether ``model`` (a bridge, or a LanguageModel holding one) runs a HuggingFace model whose forward takes
     ``logits_to_keep``: then only the positions read are unembedded. The unembedding at every position is most
-    of a small model's forward (Gemma-3-270M: 168M of its 268M weights; Qwen2.5-0.5B: 136M of 494M)."""
+    of a small model's forward (Gemma-3-270M: 168M of its 268M weights; Qwen2.5-Coder-0.5B-Instruct: 136M of 494M)."""
     import inspect
 
     hf = getattr(getattr(model, "bridge", model), "original_model", None)
