@@ -84,6 +84,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "freeze_and_swap": ("mechfact.targets", "freeze_and_swap"),
     "scores_and_spectra": ("mechfact.probes.weights", "scores_and_spectra"),
     "probe_all": ("mechfact.targets", "probe_all"),
+    # the registry: one declaration gives an analysis its command, run folder and entry point
+    "ANALYSES": ("mechfact.analyses", "ANALYSES"),
+    "run_analysis": ("mechfact.analyses", "run"),
+    "register_analysis": ("mechfact.analyses", "register"),
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -146,7 +146,7 @@ CASES: list[Case] = [
     _bad("llm lre: NaN beta", ["llm", "lre", *LLM, "--beta", "nan"], "--beta"),
     _bad("llm lre: zero rank", ["llm", "lre", *LLM, "--rank", "0"], "--rank 0"),
     _bad("llm lre: zero training facts", ["llm", "lre", *LLM, "--n-train", "0"], "--n-train 0"),
-    _bad("llm lre: zero causality cap", ["llm", "lre", *LLM, "--max-causality", "0"], "--max-causality 0"),
+    _bad("llm lre: negative causality cap", ["llm", "lre", *LLM, "--max-causality", "-1"], "--max-causality -1"),
     _bad("llm superposition: held-out share above 1", ["llm", "superposition", *LLM, "--heldout", "1.5"],
          "--heldout 1.5"),
     _bad("llm superposition: zero splits", ["llm", "superposition", *LLM, "--splits", "0"], "--splits 0"),

@@ -1,4 +1,7 @@
-"""``mechfact probe readout|superposition|intervene|swap|scores --model MODEL --out DIR``.
+"""``mechfact probe readout|superposition|intervene|swap|scores|NAME --model MODEL --out DIR``.
+
+``NAME``: every analysis registered in :mod:`mechfact.analyses` (knockout, attribute-rate, extraction,
+attribution, transfer, selectivity), its flags generated from its declaration.
 
 ``--model`` is a fact-model run directory (``mechfact facts train|construct``) or a pretrained model (hub name,
 local Hugging Face folder, ``.gguf`` file, ``default``). On a pretrained model ``--relations`` is a relation
@@ -8,6 +11,8 @@ of ``mechfact llm probe`` (same code, same numbers). ``superposition`` and ``swa
 
 from __future__ import annotations
 
+
+import argparse
 
 from ._args import UsageError, common_args, finite_float
 from .llm import prompt_args, prompt_options, readout_args
@@ -78,10 +83,57 @@ def register(subparsers) -> dict:
     p.add_argument("--layer", type=int, default=None, help="MLP block analysed (default 0; LLM: middle)")
     prompt_args(p)
     common_args(p)
+
+    from ..analyses import ANALYSES  # one parser per registered analysis, its flags from its declaration
+
+    for name, an in ANALYSES.items():
+        p = psub.add_parser(name, help=an.help)
+        model_arg(p)
+        for o in an.options:
+            if o.kind == "bool":
+                p.add_argument(o.flag, dest=f"opt_{o.name}", action=argparse.BooleanOptionalAction,
+                               default=o.default, help=f"{o.help} (default {o.default})")
+            else:
+                shown = ",".join(map(str, o.default)) if isinstance(o.default, tuple) else o.default
+                p.add_argument(o.flag, dest=f"opt_{o.name}", type=str, default=None, metavar=o.kind.upper(),
+                               help=o.help + ("" if "default" in o.help else
+                                              f" (default {'auto' if shown is None else shown})")
+                                    + (f"; one of {', '.join(o.choices)}" if o.choices else ""))
+        common_args(p)
     return {"probe": _run}
 
 
+def _run_registered(a) -> None:
+    """``mechfact probe NAME`` for a registered analysis (:mod:`mechfact.analyses`)."""
+    from ..analyses import ANALYSES, _source, run
+    from ..targets import load_target
+
+    an = ANALYSES[a.probe_kind]
+    opts = {}
+    for o in an.options:
+        v = getattr(a, f"opt_{o.name}")
+        if o.kind == "bool":
+            opts[o.name] = bool(v)
+        elif v is not None:
+            try:
+                opts[o.name] = o.parse(v)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+    model, world, _ = load_target(a.model, device=a.device_obj)
+    relations = getattr(a, "relations", None) if world is None else None
+    if world is not None and getattr(a, "relations", None) is not None:
+        raise UsageError(f"--relations {a.relations}: a fact model runs on its own world; --relations is for a "
+                         "pretrained --model")
+    run(a.probe_kind, model, _source(model, world, relations), out=a.out, seed=a.seed, device=str(a.device_obj),
+        progress=not a.quiet, model_spec=str(a.model), relations=relations, **opts)
+    print(f"results written to {a.out}")
+
+
 def _run(a) -> None:
+    from ..analyses import ANALYSES
+
+    if a.probe_kind in ANALYSES:
+        return _run_registered(a)
     from ..facts.train import TrainConfig
     from ..llm.probe import run_llm_probe
     from ..targets import check_target
