@@ -17,8 +17,8 @@ and from that one declaration come
 * the Python entry point :func:`run` (``mechfact.analyses.run("knockout", model, source, out=...)``) and the
   list :data:`ANALYSES`.
 
-The analyses already registered are the causal experiments of :mod:`mechfact.causal` that had no command of
-their own: knockout, attribute-rate, extraction, attribution, transfer and selectivity.
+The analyses registered here are the causal experiments of :mod:`mechfact.causal`: trace, knockout,
+attribute-rate, extraction, attribution, transfer and selectivity.
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ def _kind(param: inspect.Parameter, hint: Any) -> str:
     if isinstance(d, str):
         return "str"
     if isinstance(d, tuple):
-        return "ints" if d and all(isinstance(x, int) for x in d) else "strs"
+        if not d:  # the annotation says what an empty default holds (tuple[int, ...]: integers)
+            return "ints" if int in typing.get_args(hint) else "strs"
+        return "ints" if all(isinstance(x, int) for x in d) else "strs"
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     base = args[0] if len(args) == 1 else hint
     if base is int:
@@ -217,6 +219,18 @@ def run(name: str, model, source=None, *, out, seed: int = 0, device: str = "cpu
 def _register_builtin() -> None:
     from . import causal
 
+    register("trace", causal.causal_trace, skip=("batch_rows",),
+             help="causal tracing (Meng et al. 2022): the subject's tokens corrupted, one state (or a window of MLP "
+                  "/ attention outputs) restored at a time; the answer's probability recovered, per token bucket "
+                  "and layer (the relation-by-relation study with its verdicts: mechfact llm trace)",
+             choices={"kind": ("state", "mlp", "attn"), "corruption": ("noise", "replace"),
+                      "metric": ("prob", "logit_diff"), "sever": ("mlp", "attn"), "known": ("spells", "prefix")},
+             docs={"window": "layers restored at once for mlp / attn (default: 10 of 48, scaled to the depth)",
+                   "sever": "with kind state: the later MLP or attention outputs held corrupted",
+                   "n_draws": "noise draws per fact", "noise_factor": "noise std in units of the subject "
+                   "embeddings' std", "n_replace": "replacement subjects per fact (corruption replace)",
+                   "known": "spells: the top token spells the object; prefix: the LRE authors' first-token prefix",
+                   "exclude": "comma-separated layers a window never restores (0: the MLP-0-excluded check)"})
     register("knockout", causal.attention_knockout, per_relation=True,
              help="attention knockout (Geva et al. 2023): the last position's attention to the subject / relation "
                   "/ last position blocked over a window of layers; the answer's relative probability change",

@@ -33,6 +33,8 @@ def test_every_registered_analysis_has_a_command_with_one_flag_per_option():
     assert {o.name: o.kind for o in an.options}["noise_factor"] == "float"
     assert {o.name: o.choices for o in an.options}["corruption"] == ("noise", "replace")
     assert "seed" not in {o.name for o in an.options} and "progress" not in {o.name for o in an.options}
+    kinds = {o.name: o.kind for o in A.ANALYSES["trace"].options}
+    assert kinds["exclude"] == "ints" and kinds["window"] == "int" and kinds["sever"] == "str"  # () and None
 
 
 def test_the_command_writes_what_the_api_computes_and_a_finished_folder_is_not_rerun(fact_run, tmp_path,
@@ -105,3 +107,35 @@ def test_a_new_analysis_is_one_declaration(fact_run, tmp_path, monkeypatch, one_
         got = A.run("top-rate", model.eval(), world, out=tmp_path / "t", scale=2.0)
     assert got["summary"]["accuracy"] == pytest.approx(2.0) and got["analysis"] == "top-rate"
     assert json.loads((tmp_path / "t" / "config.json").read_text())["config"]["scale"] == 2.0
+
+
+def test_a_per_relation_analysis_summarises_each_relation_and_pools_their_facts(tmp_path, monkeypatch):
+    """Relation by relation: each relation's summary, the pooled one over every fact, and the relations with no
+    known fact counted (a ValueError other than "no known facts" is not swallowed)."""
+    from dataclasses import dataclass
+
+    from mechfact.llm.relations import Relation
+
+    @dataclass(frozen=True)
+    class Res:
+        facts: tuple
+
+        def summary(self, seed):
+            return {"n": len(self.facts), "mean": sum(self.facts) / len(self.facts)}
+
+    def per_fact(model, source, *, scale: int = 1, seed: int = 0):
+        if source.name == "empty":
+            raise ValueError("no known facts: the model answers none of the queries correctly")
+        if source.name == "broken":
+            raise ValueError("something else")
+        return Res(tuple(scale * len(s) for s in source.subjects))
+
+    monkeypatch.setattr(A, "ANALYSES", dict(A.ANALYSES))
+    A.register("lengths", per_fact, help="subject lengths", per_relation=True)
+    rels = [Relation("a", ["{} is"], [("xy", "o"), ("xyzw", "p")]), Relation("b", ["{} is"], [("x", "o")]),
+            Relation("empty", ["{} is"], [("q", "o")])]
+    got = A.run("lengths", object(), rels, out=tmp_path / "l", scale=2)
+    assert got["per_relation"] == {"a": {"n": 2, "mean": 6.0}, "b": {"n": 1, "mean": 2.0}}
+    assert got["summary"] == {"n": 3, "mean": pytest.approx(14 / 3)} and got["no_known_facts"] == ["empty"]
+    with pytest.raises(ValueError, match="something else"):
+        A.run("lengths", object(), rels + [Relation("broken", ["{} is"], [("q", "o")])], out=tmp_path / "m")
