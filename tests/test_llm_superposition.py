@@ -61,22 +61,28 @@ def test_finds_planted_superposition_and_not_random_states(lm, monkeypatch, plan
         assert abs(row["r2_heldout"]) <= 0.1 and row["decodability"]["rel1"]["accuracy"] <= 0.6, row
 
 
+def _planted(lm, seed: int):
+    """(relations, subjects, states c + sum_r a_r(s) M_r + noise over the non-one-to-one relations, generator)."""
+    rels = _relations()
+    subjects, _ = S.shared_subjects(rels, 4)
+    V, P, _ = S.attribute_table(lm, rels, subjects, "class")
+    g = torch.Generator().manual_seed(seed)
+    d = lm.d_model
+    M = [torch.randn(V.shape[1], d, generator=g).double().numpy() for _ in rels]
+    X = sum(V[P[r]] @ M[r] for r in (0, 1, 3)) + 0.05 * torch.randn(40, d, generator=g).double().numpy()
+    return rels, subjects, X, g
+
+
 @pytest.mark.parametrize("only_known", [True, False])
 def test_known_subjects_are_scored_apart_from_unknown_ones(lm, monkeypatch, only_known, one_thread):
     """The attributes planted in the states of the 20 subjects the model "recalls" only (the other 20: noise of
     the same size): the known group's held-out R^2 is high, the unknown group's about 0, and relabelling the
     subjects finds the difference; planted in every subject, the two groups agree (no difference called). The
     rule (most relations spelled on a 3-shot prompt) is the module's; the recall itself is planted here."""
-    rels = _relations()
-    subjects, _ = S.shared_subjects(rels, 4)
-    V, P, _ = S.attribute_table(lm, rels, subjects, "class")
-    g = torch.Generator().manual_seed(3)
-    d = lm.d_model
-    M = [torch.randn(V.shape[1], d, generator=g).double().numpy() for _ in rels]
-    X = sum(V[P[r]] @ M[r] for r in (0, 1, 3)) + 0.05 * torch.randn(40, d, generator=g).double().numpy()
+    rels, subjects, X, g = _planted(lm, 3)
     known = np.arange(40) % 2 == 0
     if only_known:
-        X[~known] = X[known].std() * torch.randn(20, d, generator=g).double().numpy() + X[known].mean(0)
+        X[~known] = X[known].std() * torch.randn(20, lm.d_model, generator=g).double().numpy() + X[known].mean(0)
     recall = np.repeat(known[:, None], len(rels), 1)
     monkeypatch.setattr(S, "subject_recall", lambda lm_, rels_, subjects_, **kw: recall)
     monkeypatch.setattr(S, "subject_states",
@@ -98,13 +104,7 @@ def test_standardize_keeps_one_massive_coordinate_from_deciding_r2(lm, monkeypat
     """Planted structure plus one coordinate 1000x larger that varies with something else (as a position-dependent
     'massive activation' would): raw pooled R^2 is decided by that coordinate (about 0 or below), standardised it
     sees the planted structure again; the shuffled control stays low both ways."""
-    rels = _relations()
-    subjects, _ = S.shared_subjects(rels, 4)
-    V, P, _ = S.attribute_table(lm, rels, subjects, "class")
-    g = torch.Generator().manual_seed(2)
-    d = lm.d_model
-    M = [torch.randn(V.shape[1], d, generator=g).double().numpy() for _ in rels]
-    X = sum(V[P[r]] @ M[r] for r in (0, 1, 3)) + 0.05 * torch.randn(40, d, generator=g).double().numpy()
+    rels, subjects, X, g = _planted(lm, 2)
     X[:, 0] = 1000.0 * torch.randn(40, generator=g).double().numpy()
     monkeypatch.setattr(S, "subject_states",
                         lambda lm_, subjects, cfg, layers, progress=False: torch.tensor(X)[None].float())
