@@ -630,41 +630,53 @@ def known_table(out: Path, name: str = "superposition") -> str:
     (the full fit, and beyond the whole layer-0 state), each group's R^2 [95%], the difference and its
     relabelling p; Holm over every difference test of the table; then one line per model."""
     from mechfact import stats
+    from mechfact.llm.superposition_stats import MIN_GROUP
 
-    got = []
+    got = []  # (model, layer, kind, test name, p, cell)
     for m in MODELS:
         r = _read(out / m / name / "result.json") or {}
         for x in r.get("per_layer", []):
             for kind in ("known_contrast", "known_contrast_beyond_layer0"):
-                c = x.get(kind)
-                if c and c.get("p_value") is not None:
-                    got.append((m, x["layer"], kind, c))
+                c = x.get(kind) or {}
+                if c.get("p_value") is not None:
+                    got.append((m, x["layer"], kind, "groups", c["p_value"], c))
+                sp = c.get("recall_spearman") or {}
+                if sp.get("p_value") is not None:
+                    got.append((m, x["layer"], kind, "spearman", sp["p_value"], sp))
     if not got:
         return ("Known against unknown subjects: not in these runs (rows written before the contrast; a rerun "
                 "makes it).")
-    holm = dict(zip(range(len(got)), stats.holm([c["p_value"] for *_, c in got])))
+    holm = dict(zip(range(len(got)), stats.holm([g[4] for g in got])))
     rules = {m: (_read(out / m / name / "result.json") or {}).get("known_rule") for m in MODELS}
     rows = ["Known against unknown subjects (" + "; ".join(f"{m}: {v}" for m, v in rules.items() if v) + "). "
-            "Each cell: known / unknown R^2 [95%], the difference, its p from relabelling the subjects and its "
-            f"Holm p over the {len(got)} tests of this table.\n",
-            "| model | layer | full fit: known / unknown, diff (p, Holm) | beyond layer 0: known / unknown, diff (p, "
-            "Holm) |", "|---|---|---|---|"]
+            "Groups: known / unknown R^2 [95%], the difference, its p from relabelling the subjects (a group "
+            f"below {MIN_GROUP} subjects: no test). Graded: Spearman's rho over every subject of the number of "
+            "relations it recalls against the share of its held-out state the fit explains (p: permutation). "
+            f"Holm over the {len(got)} tests of this table.\n",
+            "| model | layer | full fit: groups (p, Holm); graded rho (p, Holm) | beyond layer 0: groups (p, Holm); "
+            "graded rho (p, Holm) |", "|---|---|---|---|"]
     cells = {}
-    for k, (m, layer, kind, c) in enumerate(got):
-        cells.setdefault((m, layer), {})[kind] = (
-            f"{_ci(c, 'r2_known', '.3f')} / {_ci(c, 'r2_unknown', '.3f')}, {c['diff']:+.3f} "
-            f"(p {_p(c['p_value'])}, Holm {_p(holm[k])})")
+    for k, (m, layer, kind, test, p, c) in enumerate(got):
+        cell = (f"{_ci(c, 'r2_known', '.3f')} / {_ci(c, 'r2_unknown', '.3f')}, {c['diff']:+.3f} "
+                f"(p {_p(p)}, Holm {_p(holm[k])})" if test == "groups" else
+                f"rho {c['rho']:+.2f} (p {_p(p)}, Holm {_p(holm[k])})")
+        cells.setdefault((m, layer), {}).setdefault(kind, []).append(cell)
     for (m, layer), d in cells.items():
-        rows.append(f"| {m} | {layer} | {d.get('known_contrast', '—')} | "
-                    f"{d.get('known_contrast_beyond_layer0', '—')} |")
+        rows.append(f"| {m} | {layer} | {'; '.join(d.get('known_contrast', ['—']))} | "
+                    f"{'; '.join(d.get('known_contrast_beyond_layer0', ['—']))} |")
     for m in MODELS:
-        mine = [(k, c) for k, (mm, layer, kind, c) in enumerate(got) if mm == m and kind == "known_contrast_beyond_layer0"
-                and layer > 0]
+        mine = [(k, g) for k, g in enumerate(got) if g[0] == m and g[2] == "known_contrast_beyond_layer0"
+                and g[1] > 0]
         if mine:
-            up = sum(holm[k] < 0.05 and c["diff"] > 0 for k, c in mine)
-            down = sum(holm[k] < 0.05 and c["diff"] < 0 for k, c in mine)
-            rows.append(f"\n{m}: beyond layer 0, the known subjects' states fit the attributes better at {up} and "
-                        f"worse at {down} of the {len(mine)} layers after layer 0 (Holm p < 0.05).")
+            said = []
+            for test, what in (("groups", "known minus unknown"), ("spearman", "graded rho")):
+                t = [(k, g) for k, g in mine if g[3] == test]
+                if t:
+                    sign = "diff" if test == "groups" else "rho"
+                    up = sum(holm[k] < 0.05 and g[5][sign] > 0 for k, g in t)
+                    down = sum(holm[k] < 0.05 and g[5][sign] < 0 for k, g in t)
+                    said.append(f"{what} positive at {up}, negative at {down} of {len(t)} layers")
+            rows.append(f"\n{m}, beyond layer 0, Holm p < 0.05: " + "; ".join(said) + ".")
     return "\n".join(rows)
 
 

@@ -95,8 +95,10 @@ def test_known_subjects_are_scored_apart_from_unknown_ones(lm, monkeypatch, only
     if only_known:  # (the fit is trained on both groups, so the noise halves the known group's R^2 too)
         assert c["r2_known"] > 0.15 and c["r2_unknown"] < 0 and c["diff"] > 0.2 and c["p_value"] < 0.01, c
         assert c["null_unknown"]["p_value"] > 0.05, c
+        assert c["recall_spearman"]["rho"] > 0.5 and c["recall_spearman"]["p_value"] < 0.01, c
     else:
         assert c["r2_known"] > 0.8 and abs(c["diff"]) < 0.1 and c["p_value"] > 0.05, c
+        assert c["recall_spearman"]["p_value"] > 0.05, c
     assert res.records[0]["known_contrast_beyond_layer0"]["n_known"] == 20
 
 

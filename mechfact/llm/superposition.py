@@ -60,8 +60,9 @@ Nulls and controls, per layer (``n_null`` draws each, default 200; the same draw
 * ``known_contrast`` and ``known_contrast_beyond_layer0``: the same held-out fits scored separately on the
   subjects the model knows (its top token on a 3-shot prompt spells the object for most of the subject's
   relations; ``recalled`` lists them per subject) and on the others: each group's R^2 with its interval and its
-  p against the shuffled draws, the difference and its p from relabelling subjects. Recall stored in the
-  subject state should fit better where the model recalls;
+  p against the shuffled draws, the difference and its p from relabelling subjects; and ``recall_spearman``,
+  over every subject, the number of relations recalled against the share of its held-out state the fit
+  explains. Recall stored in the subject state should fit better where the model recalls;
 * ``decodability``: per relation, the held-out accuracy of a linear (ridge, closed form) readout of the
   attribute from the z-scored state (a one-hot class readout for many-to-one relations, the nearest attribute
   code for one-to-one ones), against the same readout with the labels shuffled across subjects.
@@ -181,7 +182,8 @@ def _run(lm, cfg, relations, seed, progress, on_layer=None, done=None) -> LlmSup
         else:
             with _one_blas_thread():
                 row = {"layer": layer, **_layer_row(states[todo.index(layer)].double().numpy(), S, cfg,
-                                                    derive_seed(seed, "llm.superposition.bootstrap", layer), known)}
+                                                    derive_seed(seed, "llm.superposition.bootstrap", layer), known,
+                                                    recall.sum(1))}
             for name, groups in res.shared_first_token.items():
                 row["decodability"][name]["shared_first_token"] = groups
                 row["decodability"][name]["note"] = ("objects sharing a first token are one class here: "

@@ -21,7 +21,7 @@ MASSIVE_SHARE = 0.5  # one coordinate with more than this share of the states' v
 DROP_SHARE = 0.1  # drop_massive removes coordinates with more than this share of the training variance
 PER_RELATION = 8  # readout directions per relation in the attribute subspace (at most)
 ENERGY = 0.9  # ... enough of them for this share of the readout map's energy
-ROW_FORMAT = 5  # rows without this "format" (earlier versions) are recomputed on resume
+ROW_FORMAT = 6  # rows without this "format" (earlier versions) are recomputed on resume
 
 
 def scaled(X: np.ndarray, tr: np.ndarray, standardize: bool) -> np.ndarray:
@@ -229,17 +229,24 @@ N_PERM = 5000
 
 
 def known_contrast(res: np.ndarray, sst: np.ndarray, known: np.ndarray | None, seed: int,
-                   null_res: np.ndarray | None = None) -> dict | None:
+                   null_res: np.ndarray | None = None, recalled: np.ndarray | None = None) -> dict | None:
     """What the attributes explain of the held-out states of the subjects the model knows against those it does
     not: each group's pooled R^2 (``1 - sum res / sum sst`` over its subjects, bootstrapped over them; with
     ``null_res`` (B, n) the shuffled-attribute draws, each group's p against them), the difference known minus
     unknown and its p from relabelling the subjects (two-sided, ``N_PERM`` draws). The fits are the same for
-    both groups (every subject is held out once); only the scoring is split. None without ``known``; counts only
-    when a group has fewer than ``MIN_GROUP`` subjects."""
+    both groups (every subject is held out once); only the scoring is split. ``recalled`` (n,): how many of its
+    relations the model recalls per subject; with it, ``recall_spearman``: Spearman's rho over every subject of
+    that count against the share of the subject's held-out state the fit explains (``1 - res / sst``), a graded
+    test that needs no group size. None without ``known``; no group numbers when a group has fewer than
+    ``MIN_GROUP`` subjects."""
     if known is None:
         return None
     k = np.asarray(known, dtype=bool)
     out = {"n_known": int(k.sum()), "n_unknown": int((~k).sum()), "min_group": MIN_GROUP}
+    if recalled is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(sst > 0, 1 - res / np.where(sst > 0, sst, 1), 0.0)
+        out["recall_spearman"] = stats.spearman(np.asarray(recalled, float), share, seed=seed)
     if k.sum() < MIN_GROUP or (~k).sum() < MIN_GROUP:
         return out
     for name, g in (("known", k), ("unknown", ~k)):
@@ -255,10 +262,10 @@ def known_contrast(res: np.ndarray, sst: np.ndarray, known: np.ndarray | None, s
     return out
 
 
-def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int, known: np.ndarray | None = None
-               ) -> dict:
+def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int, known: np.ndarray | None = None,
+               recalled: np.ndarray | None = None) -> dict:
     """Every number of one layer (states ``X`` (n, d)); see :mod:`mechfact.llm.superposition`. ``known`` (n,):
-    the subjects the model recalls, for :func:`known_contrast`."""
+    the subjects the model recalls and ``recalled`` how many relations each, for :func:`known_contrast`."""
     n, R, B = X.shape[0], len(S.names), cfg.n_null
     L = S.layout
     res = np.zeros((L[f"drop_null.{R - 1}"].stop, n))
@@ -368,8 +375,8 @@ def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int, kn
     row["null_beyond_layer0"] = stats.null_summary(lz.value, 1 - l0_res[1:].sum(1) / l0_sst.sum())
     row.update(stats.fields("r2_heldout_layer0_only", _ratio_ci(l0_only, sst, seed)))
     # known against unknown subjects: the full fit, and beyond the layer-0 state
-    row["known_contrast"] = known_contrast(res[0], sst, known, seed, res[L["shuffled"]])
-    row["known_contrast_beyond_layer0"] = known_contrast(l0_res[0], l0_sst, known, seed, l0_res[1:])
+    row["known_contrast"] = known_contrast(res[0], sst, known, seed, res[L["shuffled"]], recalled)
+    row["known_contrast_beyond_layer0"] = known_contrast(l0_res[0], l0_sst, known, seed, l0_res[1:], recalled)
     # in the attribute subspace (refitted under every draw)
     so = _ratio_ci(sub_res[0], sub_sst[0], seed)
     row.update(stats.fields("r2_heldout_attribute_subspace", so))
