@@ -18,7 +18,19 @@ from dataclasses import asdict, fields
 from typing import Any, Iterator
 
 
-class MappingResult(Mapping):
+class Result:
+    """Base of every probe's and trainer's result (each a dataclass): ``to_dict()`` (default: every field),
+    ``summary(seed)`` (default: ``to_dict()``; results with per-item rows give their means with intervals) and
+    ``records`` (every subclass: a property, or a field of flat rows)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self, seed: int = 0) -> dict:
+        return self.to_dict()
+
+
+class MappingResult(Result, Mapping):
     """Mixin for a frozen dataclass result: read-only mapping access to its fields, ``to_dict()`` as a dict."""
 
     def __getitem__(self, key: str) -> Any:
@@ -45,4 +57,4 @@ def scalar_row(result) -> dict:
     return {k: v for k, v in result.to_dict().items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
-__all__ = ["MappingResult", "scalar_row"]
+__all__ = ["Result", "MappingResult", "scalar_row"]

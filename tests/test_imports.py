@@ -143,3 +143,32 @@ def test_probes_import_only_the_base(forbidden):
     bad = sorted(f"{m} -> {t}" for m, ts in GRAPH.items() if m.startswith("mechfact.probes")
                  for t in ts if t == forbidden or t.startswith(forbidden + "."))
     assert not bad, f"mechfact.probes reaches up: {bad}"
+
+
+def test_every_result_class_is_a_result_with_records_to_dict_and_summary():
+    """One shape for every probe's and trainer's result: each class named *Result in the library (and the two
+    result classes named otherwise) inherits mechfact.results.Result and has records, to_dict and summary."""
+    import dataclasses
+    import importlib
+    import inspect
+    import pkgutil
+
+    import mechfact
+    from mechfact.results import Result
+
+    found = {}
+    for mod in pkgutil.walk_packages(mechfact.__path__, "mechfact."):
+        if ".quickstart" in mod.name or mod.name.endswith("__main__"):
+            continue
+        m = importlib.import_module(mod.name)
+        for name, cls in inspect.getmembers(m, inspect.isclass):
+            if cls.__module__ == m.__name__ and (name.endswith("Result") and name not in ("Result", "MappingResult")
+                                                 or name in ("Agreement", "RelationSelectivity")):
+                found[f"{m.__name__}.{name}"] = cls
+    assert len(found) >= 19, sorted(found)
+    for where, cls in found.items():
+        assert issubclass(cls, Result), f"{where} does not inherit mechfact.results.Result"
+        assert dataclasses.is_dataclass(cls), where
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert "records" in fields or hasattr(cls, "records"), f"{where} has no records"
+        assert callable(cls.to_dict) and callable(cls.summary), where

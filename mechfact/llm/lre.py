@@ -36,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
+from ..results import Result
 from ..runs import RunDir
 from . import lre_authors, lre_mechfact
 from .jacobian import jacobian  # noqa: F401 (public here too)
@@ -117,7 +118,7 @@ _COMMON = ("relation", "kind", "n_samples", "n_known", "n_train", "n_test", "fai
 
 
 @dataclass(frozen=True)
-class LreResult:
+class LreResult(Result):
     """What :func:`lre` returns (and :func:`lre_sweep`, one per layer): one relation's LRE at one layer.
 
     The fields every protocol fills are attributes; ``details`` holds the protocol's other numbers (authors:

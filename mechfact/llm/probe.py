@@ -51,6 +51,7 @@ from .. import hooks, stats
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
 from ..probes.queries import PADDING, ProbeSet, Site, collect, pad_batch
 from ..probes.readout import nested_layer_readout, outer_fold_count, subject_splits
+from ..results import Result
 from ..runs import RunDir
 from ..seeding import derive_seed
 from .jobs import map_relations
@@ -304,7 +305,7 @@ def _probe_relation(lm: LanguageModel, rel: Relation, cfg: ProbeConfig, layers, 
 
 
 @dataclass(frozen=True)
-class LayerReadoutResult:
+class LayerReadoutResult(Result):
     """What :func:`layer_readout` returns: per-layer rows, per-relation facts, mean curves and, per relation, the
     readout at the layer chosen on validation folds of the training subjects (``best_layers``)."""
 

@@ -77,12 +77,10 @@ above 0.5, and a warning); ``standardize=True`` z-scores every coordinate on the
 
 from __future__ import annotations
 
-
-from __future__ import annotations
-
 import logging
 from dataclasses import asdict, dataclass, field
 
+from ..results import Result
 from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import LanguageModel, load_model
@@ -103,7 +101,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class LlmSuperpositionResult:
+class LlmSuperpositionResult(Result):
     """Per layer: held-out R^2 of the superposition fit beside its nulls and controls (module docstring)."""
 
     model: str

@@ -45,6 +45,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hooks, stats
+from ..results import Result
 from . import tracing
 from .queries import logits_of, model_device
 
@@ -138,7 +139,7 @@ def attribute_query(model, tokens: torch.Tensor, subject: tuple[int, int], *, ki
 
 
 @dataclass(frozen=True)
-class AttributionResult:
+class AttributionResult(Result):
     """Attribution patching of many queries with one setting; ``layers``: the layers (``-1``: the embedding).
 
     ``facts[i].scores[t, k]``: the estimated indirect effect of restoring the clean activation at token ``t``,
@@ -264,7 +265,7 @@ def top_k_overlap(estimate: np.ndarray, exact: np.ndarray, k: int = TOP_K) -> fl
 
 
 @dataclass(frozen=True)
-class Agreement:
+class Agreement(Result):
     """AtP against exact single-layer patching on the same queries, draws and metric. Per prompt, over its cells
     from the subject's first token on (the cells before it are exactly 0 in both): ``spearman`` (rho; NaN where
     one side is constant) and ``top_k`` (:func:`top_k_overlap`)."""
@@ -277,6 +278,12 @@ class Agreement:
     seconds_atp: float
     seconds_exact: float
     threads: int  # torch threads both ran with
+
+    @property
+    def records(self) -> list[dict]:
+        """One row per fact: its query index, rho and top-k overlap."""
+        return [{"index": f.index, "spearman": tracing._f(r), f"top{self.k}_overlap": tracing._f(t)}
+                for f, r, t in zip(self.atp.facts, self.spearman, self.top_k)]
 
     @property
     def speedup(self) -> float:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import hooks
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
-from ..results import MappingResult
+from ..results import MappingResult, Result
 from .protocols import FactWorldLike, HookedModel, SwapSpec
 from .queries import ProbeSet, as_probe_set
 from .readout import DEFAULT_SITES
@@ -116,7 +116,7 @@ def superposition(model: HookedModel, world: FactWorldLike, heldout_fraction: fl
 
 
 @dataclass(frozen=True)
-class InterventionResult:
+class InterventionResult(Result):
     """Selector-unit ablation per relation (``per_relation``) plus relation-token swaps."""
 
     site: str

@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hooks, stats
+from ..results import Result
 from ..seeding import derive_seed
 from .knockout import (TARGETS, FactKnockout, KnockoutResult, _check_layers, _check_queries, _estimate, _f,  # noqa: F401
                        _n_layers, attention_knockout, check_knockout, default_window, knockout_hook,
@@ -162,7 +163,7 @@ class FactAttributes:
 
 
 @dataclass(frozen=True)
-class AttributeRateResult:
+class AttributeRateResult(Result):
     """Attribute rates of many queries; ``layers``: ``-1`` (the embedding) and the blocks read."""
 
     k: int
@@ -276,7 +277,7 @@ class FactExtraction:
 
 
 @dataclass(frozen=True)
-class ExtractionResult:
+class ExtractionResult(Result):
     """Extraction events of many queries at every layer."""
 
     layers: tuple[int, ...]

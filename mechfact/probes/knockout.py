@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hooks, stats
+from ..results import Result
 from .queries import StopForward, model_device
 from .tracing import _n_layers as tracing_depth
 from .tracing import window_layers
@@ -117,7 +118,7 @@ class FactKnockout:
 
 
 @dataclass(frozen=True)
-class KnockoutResult:
+class KnockoutResult(Result):
     """Attention knockouts of many queries; ``layers``: the windows' centre layers."""
 
     targets: tuple[str, ...]

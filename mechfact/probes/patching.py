@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .. import hooks
+from ..results import Result
 from .queries import ProbeSet, as_probe_set, check_hooks, check_position, check_relation, logits_of, model_device
 
 KINDS = ("zero", "mean", "set", "patch")
@@ -195,7 +196,7 @@ def selectivity(model, ps: ProbeSet, site: str | None = None) -> Selectivity:
 
 
 @dataclass(frozen=True)
-class AblationResult:
+class AblationResult(Result):
     site: str
     per_relation: list[dict]
     clean_per_relation: list[float]

@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import hooks, stats
 from ..config import check_float
+from ..results import Result
 from ..seeding import derive_seed
 from .fitters import KINDS, _as2d, _baseline_estimates, _baselines, _check_strengths, _fitter
 from .folds import group_folds, outer_fold_count, split_indices, subject_splits  # noqa: F401 (their home was here)
@@ -274,7 +275,7 @@ DEFAULT_SITES = (f"{hooks.embed()}@subject", f"{hooks.resid(0, 'mid')}@last", f"
 
 
 @dataclass(frozen=True)
-class ReadoutResult:
+class ReadoutResult(Result):
     per_relation: list  # dicts: relation, site, accuracy, control_accuracy, chance, prior_baseline, ceiling (each
     # with _ci, _n), kind, n_train, n_test, n_classes
     sites: list

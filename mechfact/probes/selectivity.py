@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .. import hooks
+from ..results import Result
 from .queries import ProbeSet, predictions
 from .state_transfer import _is_world, _n_layers
 
@@ -41,7 +42,7 @@ class KnownFacts:
 
 
 @dataclass
-class RelationSelectivity:
+class RelationSelectivity(Result):
     """``accuracy[i][j]``: accuracy on relation ``relations[j]`` with the units preferring ``relations[i]``
     zeroed; ``random_accuracy``: the same with as many random units; ``drop`` = ``clean[j] - accuracy[i][j]``."""
 
@@ -59,6 +60,11 @@ class RelationSelectivity:
     random_score: float | None
     per_relation: list[dict]  # relation, own drop, mean drop on the others, the same for random units
     ablation: dict = field(repr=False, default_factory=dict)  # ablate_relation_units' result
+
+    @property
+    def records(self) -> list[dict]:
+        """One row per relation whose units were ablated (``per_relation``), with the site and layer."""
+        return [{"site": self.site, "layer": self.layer, **r} for r in self.per_relation]
 
     def to_dict(self) -> dict:
         return asdict(self)

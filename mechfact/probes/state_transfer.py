@@ -47,6 +47,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hooks, stats
+from ..results import Result
 from ..seeding import derive_seed
 from .queries import ProbeSet, Site, StopForward, collect, model_device, pad_batch, predictions
 from .tracing import _n_layers as tracing_depth
@@ -210,7 +211,7 @@ def _patched_top1(model, tokens: list[list[int]], pos: list[int], states: torch.
 # ---- results -------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class TransferResult:
+class TransferResult(Result):
     """Per (relation, layer, source fact): ``success``, ``kept``, ``control``, ``control_moved``,
     ``control_kept`` (module docstring), with the subjects, facts and top-1 tokens of both runs."""
 

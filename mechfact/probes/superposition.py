@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..results import scalar_row
+from ..results import Result, scalar_row
 from ..seeding import derive_seed, generator
 from .folds import kfold, split_indices  # noqa: F401 (kfold: its home was here)
 
@@ -127,7 +127,7 @@ def block_overlap(maps: np.ndarray, energy: float = 0.9) -> tuple[list[list[floa
 
 
 @dataclass(frozen=True)
-class SuperpositionResult:
+class SuperpositionResult(Result):
     r2_train: float
     r2_heldout: float
     control_r2_heldout: float  # same fit, attribute assignment from unrelated random permutations

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import hooks
-from ..results import scalar_row
+from ..results import Result, scalar_row
 from .protocols import FactWorldLike, HookedModel, Retrainer
 from .queries import ProbeSet, accuracy, model_device
 from .superposition import SuperpositionFit, fit_superposition
@@ -106,7 +106,7 @@ def check_new_seed(world: FactWorldLike, new_seed: int) -> FactWorldLike:
 
 
 @dataclass(frozen=True)
-class SwapResult:
+class SwapResult(Result):
     zero_shot_accuracy: float  # new facts, embeddings built from the fitted maps, nothing trained
     zero_shot_control_accuracy: float  # embeddings built for an unrelated world, scored on the new facts
     reconstructed_accuracy: float  # ORIGINAL facts with embeddings rebuilt from the fitted maps (fit precision)

@@ -42,6 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import hooks, stats
+from ..results import Result
 from ..seeding import derive_seed
 from .queries import StopForward, model_device
 from .trace_suffix import Suffix, _block_list
@@ -126,7 +127,7 @@ class FactTrace:
 
 
 @dataclass(frozen=True)
-class TraceResult:
+class TraceResult(Result):
     """Traces of many queries with one setting; ``layers``: the traced layers (``-1``: the embedding)."""
 
     kind: str

@@ -27,14 +27,14 @@ import torch
 from .. import hooks
 from .. import randmat as theory
 from ..randmat import spectrum_summary
-from ..results import scalar_row
+from ..results import Result, scalar_row
 from .patching import run_with_interventions
 from .protocols import HookedModel
 from .queries import ProbeSet, check_hooks, model_device
 
 
 @dataclass(frozen=True)
-class ScoresResult:
+class ScoresResult(Result):
     accuracy: float
     n_competitors: int
     z_target_mean: float
