@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from .probes import tracing
-from .probes.queries import ProbeSet, predictions
+from .probes.queries import ProbeSet, known_indices
 from .seeding import derive_seed
 
 
 def _world_queries(model, world, *, max_facts: int | None, n_replace: int, seed: int,
                    all_known: list | None = None) -> tuple[list[dict], list]:
     ps = ProbeSet.from_world(world)
-    right = torch.nonzero(predictions(model, ps) == ps.object_tokens).reshape(-1).tolist()
+    right = known_indices(model, ps)
     if all_known is not None:  # every known fact, traced or not (the noise scale is measured over them)
         all_known += [(q["tokens"], q["subject"]) for q in tracing.fact_queries(ps, right)]
     rng = np.random.default_rng(derive_seed(seed, "causal.world"))

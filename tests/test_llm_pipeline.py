@@ -645,3 +645,21 @@ def test_an_interrupted_relation_resumes_at_its_next_trial_with_the_same_numbers
     assert [{k: v for k, v in r.items() if k in ("faithfulness", "causality", "n_trials")} for r in rows] == \
         [{k: v for k, v in r.items() if k in ("faithfulness", "causality", "n_trials")}
          for r in whole["per_relation_layer"]]
+
+
+def test_one_known_fact_filter_with_both_rules_and_a_clear_error(tiny):
+    """`knows`: the LRE authors' prefix rule counts " the" for "the United States"; the tracing rule does not (a
+    generic word, not the attribute), nor a one-letter prefix of a longer object; an unknown rule is refused."""
+    from mechfact.llm.prompts import knows
+
+    tok = tiny["models"]["llama"].tokenizer
+    text = {i: tok.decode([i]).strip() for i in range(len(tok))}
+    the = next(i for i, t in text.items() if t.lower() == "the")
+    word = next(i for i, t in text.items() if len(t) >= 3 and t.isalpha() and t.lower() not in ("the", "and"))
+    letter = next(i for i, t in text.items() if len(t) == 1 and t.isalpha())
+    ids = [the, word, letter]
+    objects = ["the United States", text[word] + "ville", text[letter] + "xyz"]
+    assert knows(tok, ids, objects, "prefix") == [True, True, True]
+    assert knows(tok, ids, objects, "spells") == [False, True, False]
+    with pytest.raises(ValueError, match="known 'exact': allowed values are spells, prefix"):
+        knows(tok, ids, objects, "exact")

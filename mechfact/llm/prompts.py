@@ -112,6 +112,21 @@ def spells_object(tokenizer, token: int, obj: str) -> bool:
     return o.lower().startswith(t.lower()) and (len(t) >= 2 or len(o) == len(t))
 
 
+KNOWN_RULES = ("spells", "prefix")  # what counts as knowing a fact: the two rules above
+
+
+def knows(tokenizer, tokens, objects, rule: str = "prefix") -> list[bool]:
+    """The one known-fact filter of the LLM side: whether each top token (``tokens``) counts as knowing its
+    fact's object (``objects``, one per token) under ``rule`` -- ``prefix``: the LRE authors' first-token prefix
+    (:func:`prefix_match`); ``spells``: the tracing authors' prediction that IS the attribute
+    (:func:`spells_object`)."""
+    if rule not in KNOWN_RULES:
+        raise ValueError(f"known {rule!r}: allowed values are {', '.join(KNOWN_RULES)}")
+    if rule == "spells":
+        return [spells_object(tokenizer, int(t), o) for t, o in zip(tokens, objects)]
+    return [prefix_match(tokenizer, int(t), [o]) for t, o in zip(tokens, objects)]
+
+
 def check_template(rel: Relation, template: int) -> None:
     """ValueError naming the template index and the relation's range."""
     if not 0 <= template < len(rel.prompt_templates):

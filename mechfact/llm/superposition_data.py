@@ -147,15 +147,15 @@ def subject_recall(lm: LanguageModel, rels: list[Relation], subjects: list[str],
     on a ``k_shot`` in-context prompt of the relation (seed 0), spells the object
     (:func:`mechfact.llm.prompts.spells_object`: a generic first token such as " the" does not count)."""
     from ..probes.queries import predictions
-    from .prompts import spells_object
+    from .prompts import knows
 
     index = {s: k for k, s in enumerate(subjects)}
     out = np.zeros((len(subjects), len(rels)), dtype=bool)
     for r, rel in enumerate(rels):
         prompts = [p for p in build_prompts(rel, lm.tokenizer, lm.bos_id, k=k_shot, seed=0) if p.subject in index]
         top = predictions(lm, ProbeSet.from_prompts(prompts, pad_id=lm.pad_id), batch_size=batch_size)
-        for p, t in zip(prompts, top):
-            out[index[p.subject], r] |= spells_object(lm.tokenizer, int(t), p.object)
+        for p, ok in zip(prompts, knows(lm.tokenizer, top, [p.object for p in prompts], "spells")):
+            out[index[p.subject], r] |= ok
     return out
 
 

@@ -25,11 +25,10 @@ import torch
 from ..config import DictConfig, check_choice, check_float, check_int
 from ..probes.queries import ProbeSet, predictions
 from ..seeding import derive_seed
-from .prompts import Prompt, check_template, prefix_match, prompt_text, spells_object, tokenize_prompt
+from .prompts import KNOWN_RULES, Prompt, check_template, knows, prompt_text, tokenize_prompt
 from .relations import Relation, as_relations, keep_named
 
 logger = logging.getLogger(__name__)
-KNOWN_RULES = ("spells", "prefix")
 
 
 def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed: int = 0,
@@ -51,8 +50,8 @@ def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed:
             prompts.append((text, a, b, Prompt(text, rel.subjects[i], rel.objects[i], toks, first, last)))
         ps = ProbeSet.from_prompts([p[3] for p in prompts], pad_id=lm.pad_id)
         top = predictions(lm, ps, batch_size=batch_size)
-        prefix = [i for i in range(len(rel)) if prefix_match(lm.tokenizer, int(top[i]), [rel.objects[i]])]
-        spelled = [i for i in range(len(rel)) if spells_object(lm.tokenizer, int(top[i]), rel.objects[i])]
+        prefix = [i for i, ok in enumerate(knows(lm.tokenizer, top, rel.objects, "prefix")) if ok]
+        spelled = [i for i, ok in enumerate(knows(lm.tokenizer, top, rel.objects, "spells")) if ok]
         known = spelled if known == "spells" else prefix
         if all_known is not None:
             all_known += [(torch.tensor(prompts[i][3].tokens), (prompts[i][3].subject_first,

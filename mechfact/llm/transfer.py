@@ -13,7 +13,7 @@ import torch
 from ..probes.queries import ProbeSet, predictions
 from ..probes.selectivity import KnownFacts
 from ..probes.state_transfer import TransferFact, TransferFacts, TransferRelation
-from .prompts import Prompt, check_template, prefix_match, prompt_text, tokenize_prompt
+from .prompts import Prompt, check_template, knows, prefix_match, prompt_text, tokenize_prompt
 from .relations import as_relations
 
 
@@ -38,9 +38,10 @@ def transfer_facts(lm, relations, *, template: int = 0) -> TransferFacts:
     for rel in as_relations(relations):
         prompts = _prompts(lm, rel, template)
         top = predictions(lm, ProbeSet.from_prompts(prompts, pad_id=lm.pad_id))
+        ok = knows(tok, top, [p.object for p in prompts])
         known = [TransferFact(i, p.subject, tuple(o for s, o in zip(rel.subjects, rel.objects) if s == p.subject),
                               p.tokens, p.subject_last, int(top[i]), p.subject_last - p.subject_first + 1)
-                 for i, p in enumerate(prompts) if prefix_match(tok, int(top[i]), [p.object])]
+                 for i, p in enumerate(prompts) if ok[i]]
         rels.append(TransferRelation(rel.name, len(prompts), known, matches))
         for f in known:
             if (rel.name, f.subject) not in neutral:
@@ -61,7 +62,7 @@ def known_facts(lm, relations, *, template: int = 0) -> KnownFacts:
                                relation_names=[rel.name for rel in rels])
     top = predictions(lm, ps)
     objects = [p.object for group in prompts for p in group]
-    known = torch.tensor([prefix_match(lm.tokenizer, int(t), [o]) for t, o in zip(top, objects)], dtype=torch.bool)
+    known = torch.tensor(knows(lm.tokenizer, top, objects), dtype=torch.bool)
     idx = torch.nonzero(known).reshape(-1)
     if len(idx) == 0:
         raise ValueError(f"no known facts: the model answers none of the {len(ps)} facts of "

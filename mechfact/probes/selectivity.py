@@ -27,7 +27,7 @@ import torch
 
 from .. import hooks
 from ..results import Result
-from .queries import ProbeSet, predictions
+from .queries import ProbeSet, known_indices
 from .state_transfer import _is_world, _n_layers
 
 
@@ -81,7 +81,7 @@ def _score(drop: np.ndarray) -> float | None:
 def world_known_facts(model, world) -> KnownFacts:
     """The facts of a FactWorld the model answers, scored against their object tokens."""
     ps = ProbeSet.from_world(world)
-    known = torch.nonzero(predictions(model, ps) == ps.object_tokens).reshape(-1)
+    known = torch.tensor(known_indices(model, ps), dtype=torch.long)
     return KnownFacts(ps.subset(known), [f"r{r}" for r in range(world.n_relations)])
 
 
