@@ -118,7 +118,7 @@ def test_standardize_keeps_one_massive_coordinate_from_deciding_r2(lm, monkeypat
     assert len(warned) == 1 and "coordinate 0 holds" in warned[0] and "--standardize" in warned[0], warned
     assert rows[True]["r2_heldout"] >= 0.6 and rows[True]["control_shuffled_r2_heldout"] <= 0.2, rows[True]
     with pytest.raises(ValueError, match="standardize 'yes'"):
-        S.SuperpositionConfig(standardize="yes")
+        S.LlmSuperpositionConfig(standardize="yes")
 
 
 def test_superposition_cli_writes_a_run_directory(lm, tmp_path, monkeypatch, one_thread, capsys):
@@ -150,3 +150,11 @@ def test_superposition_cli_writes_a_run_directory(lm, tmp_path, monkeypatch, one
     assert cfg["standardize"] is True and cfg["drop_massive"] is True and cfg["prompt"] == "Some facts about {}"
     std = json.loads((tmp_path / "std" / "result.json").read_text())
     assert std["standardize"] and std["drop_massive"] and std["per_layer"][0]["states"] == "standardised"
+
+
+def test_the_llm_config_has_its_own_name_and_the_old_one_warns():
+    from mechfact.probes.experiments import SuperpositionConfig as FactConfig
+
+    with pytest.warns(DeprecationWarning, match="now LlmSuperpositionConfig"):
+        old = S.SuperpositionConfig
+    assert old is S.LlmSuperpositionConfig and old is not FactConfig

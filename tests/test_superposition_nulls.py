@@ -324,17 +324,17 @@ def test_massive_coordinate_dropped_and_options_recorded(lm, monkeypatch, one_th
     assert row["dropped_coordinates"] == [5] and row["r2_heldout"] >= 0.6, row["r2_heldout"]
     assert dropped.drop_massive and not dropped.standardize and dropped.prompt == "Some facts about {}"
     assert raw.prompt == "{}" and row["states"] == "raw"
-    assert S.SuperpositionConfig(prompt="words").prompt == S.PROMPTS["words"]
+    assert S.LlmSuperpositionConfig(prompt="words").prompt == S.PROMPTS["words"]
     with pytest.raises(ValueError, match="exactly one"):
-        S.SuperpositionConfig(prompt="no subject")
+        S.LlmSuperpositionConfig(prompt="no subject")
     with pytest.raises(ValueError, match="n_null|n-null"):
-        S.SuperpositionConfig(n_null=5)
+        S.LlmSuperpositionConfig(n_null=5)
 
 
 def test_rows_of_an_earlier_format_are_recomputed_on_resume(lm, monkeypatch, one_thread):
     rels = _relations()
     _states(monkeypatch, _class_states(lm, rels, 4))
-    cfg = S.SuperpositionConfig(layers=[0], cache_states=False, attributes="class", n_null=19)
+    cfg = S.LlmSuperpositionConfig(layers=[0], cache_states=False, attributes="class", n_null=19)
     old = {"layer": 0, "r2_heldout": 9.0, "control_shuffled_r2_heldout": 0.0}
     res = S._run(lm, cfg, rels, 0, False, done={0: old})
     assert res.per_layer[0]["format"] == S.ROW_FORMAT and res.per_layer[0]["r2_heldout"] < 1.0
@@ -346,7 +346,7 @@ def test_beyond_layer0_separates_recalled_attributes_from_lexical_ones(one_threa
     """States that are a linear function of a layer-0 state which already carries the attributes (lexical
     geometry): the attributes fit the states (held-out R^2 high) but explain nothing beyond the whole layer-0 state;
     states that add the attributes to an attribute-free layer-0 state: the statistic finds them, with its null."""
-    from mechfact.llm.superposition_data import SuperpositionConfig
+    from mechfact.llm.superposition_data import LlmSuperpositionConfig
     from mechfact.llm.superposition_stats import _layer_row, _setup
 
     n, k, d, d0 = 60, 6, 30, 24
@@ -354,7 +354,7 @@ def test_beyond_layer0_separates_recalled_attributes_from_lexical_ones(one_threa
     rng = np.random.default_rng(11)
     attrs = sum(V[P[r]] @ rng.standard_normal((k, d0)) for r in range(3))
     tokens = rng.integers(1, 4, n).astype(float)
-    cfg = SuperpositionConfig(n_null=39, folds=5)
+    cfg = LlmSuperpositionConfig(n_null=39, folds=5)
     lexical0 = attrs + 0.3 * rng.standard_normal((n, d0))
     M = rng.standard_normal((d0, d))
     recalled0 = rng.standard_normal((n, d0))

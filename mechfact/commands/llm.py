@@ -242,9 +242,9 @@ def _run_llm(a) -> None:
         with make_executor_from(a, "llm trace: relations") as executor:
             run_llm_trace(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress, executor=executor)
     elif a.llm_sub == "superposition":
-        from ..llm.superposition import SuperpositionConfig, run_llm_superposition
+        from ..llm.superposition import LlmSuperpositionConfig, run_llm_superposition
 
-        cfg = SuperpositionConfig(model=a.model, relations=a.relations, relation_names=a.relation_names,
+        cfg = LlmSuperpositionConfig(model=a.model, relations=a.relations, relation_names=a.relation_names,
                                   layers=_layers(a.layers), prompt=a.prompt, attributes=a.attributes,
                                   heldout_fraction=a.heldout, n_splits=a.splits, min_relations=a.min_relations,
                                   dtype=a.dtype, batch_size=a.batch_size, cache_states=not a.no_state_cache,

@@ -5,7 +5,7 @@ Where the pieces live:
 
 * here: the run -- :func:`llm_superposition` (in memory), :func:`run_llm_superposition` (a run directory that
   resumes layer by layer) and :class:`LlmSuperpositionResult`;
-* :mod:`mechfact.llm.superposition_data`: :class:`SuperpositionConfig`, the subjects shared by the relations,
+* :mod:`mechfact.llm.superposition_data`: :class:`LlmSuperpositionConfig`, the subjects shared by the relations,
   the attribute codes and the subject states;
 * :mod:`mechfact.llm.superposition_stats`: every number of one layer -- the kernels of every null draw, computed
   once per run, the per-fold fits, the attribute subspace, the decodability readouts and their intervals.
@@ -85,7 +85,7 @@ from ..runs import RunDir
 from ..seeding import derive_seed
 from .loading import LanguageModel, load_model
 from .relations import as_relations
-from .superposition_data import (ATTRIBUTES, KNOWN_SHARE, PROMPTS, SuperpositionConfig, _objects, attribute_table,
+from .superposition_data import (ATTRIBUTES, KNOWN_SHARE, PROMPTS, LlmSuperpositionConfig, _objects, attribute_table,
                                  countries_dir, shared_first_token, shared_subjects, subject_recall, subject_states,
                                  subject_token_counts)
 from .superposition_stats import (DROP_SHARE, ENERGY, MASSIVE_SHARE, PER_RELATION, ROW_FORMAT, _layer_row,
@@ -93,7 +93,7 @@ from .superposition_stats import (DROP_SHARE, ENERGY, MASSIVE_SHARE, PER_RELATIO
 from .superposition_stats import _readout_subspace  # noqa: F401 (public here too)
 
 __all__ = ["ATTRIBUTES", "PROMPTS", "MASSIVE_SHARE", "DROP_SHARE", "PER_RELATION", "ENERGY", "ROW_FORMAT",
-           "countries_dir", "SuperpositionConfig", "shared_subjects", "shared_first_token", "attribute_table",
+           "countries_dir", "LlmSuperpositionConfig", "shared_subjects", "shared_first_token", "attribute_table",
            "subject_states", "subject_token_counts", "scaled", "massive_coordinates", "LlmSuperpositionResult",
            "llm_superposition", "run_llm_superposition"]
 
@@ -130,12 +130,12 @@ class LlmSuperpositionResult(Result):
 
 def llm_superposition(lm: LanguageModel, relations=None, layers="all", *, seed: int = 0, progress: bool = False,
                       **options) -> LlmSuperpositionResult:
-    """The superposition test at every layer of ``lm`` (module docstring); ``options``: SuperpositionConfig fields."""
-    cfg = SuperpositionConfig(layers=None if layers == "all" else list(layers), **options)
+    """The superposition test at every layer of ``lm`` (module docstring); ``options``: LlmSuperpositionConfig fields."""
+    cfg = LlmSuperpositionConfig(layers=None if layers == "all" else list(layers), **options)
     return _run(lm, cfg, relations, seed, progress)
 
 
-def _prepare(lm: LanguageModel, cfg: SuperpositionConfig, relations):
+def _prepare(lm: LanguageModel, cfg: LlmSuperpositionConfig, relations):
     rels = as_relations(countries_dir() if relations is None else relations, cfg.relation_names)
     subjects, rels = shared_subjects(rels, cfg.min_relations)
     layers = list(range(lm.n_layers)) if cfg.layers is None else [lm.check_layer(int(l), "--layers")
@@ -214,7 +214,7 @@ def _run(lm, cfg, relations, seed, progress, on_layer=None, done=None) -> LlmSup
     return res
 
 
-def run_llm_superposition(cfg: SuperpositionConfig, out, *, device="cpu", seed: int = 0,
+def run_llm_superposition(cfg: LlmSuperpositionConfig, out, *, device="cpu", seed: int = 0,
                           lm: LanguageModel | None = None, progress: bool = False) -> dict:
     """:func:`llm_superposition` as a run directory: result.json written layer by layer (resumes), a figure."""
     from . import plots
@@ -226,3 +226,11 @@ def run_llm_superposition(cfg: SuperpositionConfig, out, *, device="cpu", seed: 
     res = _run(lm, cfg, cfg.relations, seed, progress, on_layer=lambda r: run.write_result(r.to_dict()), done=done)
     return run.finish(res.to_dict(), plots.plot_superposition_layers, "fig_superposition.png", model=lm.name,
                       model_id=lm.model_id)
+
+
+def __getattr__(name: str):
+    if name == "SuperpositionConfig":  # deprecated: see mechfact.llm.superposition_data
+        from . import superposition_data
+
+        return superposition_data.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """What the superposition test on a pretrained language model (:mod:`mechfact.llm.superposition`) runs on: its
-configuration (:class:`SuperpositionConfig`), the subjects that every relation shares, the attribute codes of
+configuration (:class:`LlmSuperpositionConfig`), the subjects that every relation shares, the attribute codes of
 their objects (unembedding rows or one-hot classes) and the subject states at the subject's last token of a
 relation-neutral prompt.
 """
@@ -28,7 +28,7 @@ def countries_dir():
 
 
 @dataclass
-class SuperpositionConfig(DictConfig):
+class LlmSuperpositionConfig(DictConfig):
     """Options of the superposition test on a pretrained language model (:func:`mechfact.llm_superposition`,
     ``mechfact llm superposition``): the model, the relations sharing subjects, the layers, the prompt, the
     attribute codes, the folds and the nulls.
@@ -159,7 +159,7 @@ def subject_recall(lm: LanguageModel, rels: list[Relation], subjects: list[str],
     return out
 
 
-def subject_states(lm: LanguageModel, subjects: list[str], cfg: SuperpositionConfig, layers: list[int],
+def subject_states(lm: LanguageModel, subjects: list[str], cfg: LlmSuperpositionConfig, layers: list[int],
                    progress: bool = False) -> torch.Tensor:
     """(layers, n_subjects, d_model) states at the subject's last token of the neutral prompt."""
     probe = Relation("subjects", [cfg.prompt], [(s, "-") for s in subjects])
@@ -171,8 +171,18 @@ def subject_states(lm: LanguageModel, subjects: list[str], cfg: SuperpositionCon
     return torch.stack([acts[s] for s in sites])
 
 
-def subject_token_counts(lm: LanguageModel, subjects: list[str], cfg: SuperpositionConfig) -> np.ndarray:
+def subject_token_counts(lm: LanguageModel, subjects: list[str], cfg: LlmSuperpositionConfig) -> np.ndarray:
     """(n_subjects,) tokens of each subject in the prompt."""
     probe = Relation("subjects", [cfg.prompt], [(s, "-") for s in subjects])
     return np.array([p.subject_last - p.subject_first + 1
                      for p in build_prompts(probe, lm.tokenizer, lm.bos_id, k=0)], dtype=np.float64)
+
+
+def __getattr__(name: str):
+    if name == "SuperpositionConfig":  # the name before the LLM and fact-model configs got one name each
+        import warnings
+
+        warnings.warn("mechfact.llm SuperpositionConfig is now LlmSuperpositionConfig (SuperpositionConfig is the "
+                      "fact model's, in mechfact.probes.experiments)", DeprecationWarning, stacklevel=2)
+        return LlmSuperpositionConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

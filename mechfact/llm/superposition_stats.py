@@ -15,7 +15,7 @@ import numpy as np
 from .. import stats
 from ..probes import superposition as core
 from ..seeding import derive_seed
-from .superposition_data import SuperpositionConfig
+from .superposition_data import LlmSuperpositionConfig
 
 MASSIVE_SHARE = 0.5  # one coordinate with more than this share of the states' variance: "massive", a warning
 DROP_SHARE = 0.1  # drop_massive removes coordinates with more than this share of the training variance
@@ -75,7 +75,7 @@ def _nuisance(X0: np.ndarray, tokens: np.ndarray, tr: np.ndarray, pcs: int) -> n
 
 
 def _setup(V: np.ndarray, P: np.ndarray, names: list[str], X0: np.ndarray, tokens: np.ndarray,
-           cfg: SuperpositionConfig, seed: int, one_to_one: list[bool] | None = None) -> _Setup:
+           cfg: LlmSuperpositionConfig, seed: int, one_to_one: list[bool] | None = None) -> _Setup:
     """``one_to_one``: per relation, whether every subject has its own object (default: its own code)."""
     n, R, B = P.shape[1], P.shape[0], cfg.n_null
     G = V @ V.T
@@ -175,7 +175,7 @@ def _readout_subspace(F: np.ndarray, tr: np.ndarray, rel_codes: list[tuple[np.nd
     return Z @ (Qb * keep[:, None, :]), keep.sum(1)
 
 
-def _fold_states(X: np.ndarray, tr: np.ndarray, cfg: SuperpositionConfig) -> tuple[np.ndarray, np.ndarray, list]:
+def _fold_states(X: np.ndarray, tr: np.ndarray, cfg: LlmSuperpositionConfig) -> tuple[np.ndarray, np.ndarray, list]:
     """The factors (n, <= n) of the states the fit sees and of the z-scored states the readouts see; the dropped
     coordinates."""
     dropped = massive_coordinates(X, tr) if cfg.drop_massive else np.array([], dtype=int)
@@ -243,7 +243,10 @@ def known_contrast(res: np.ndarray, sst: np.ndarray, known: np.ndarray | None, s
         return None
     k = np.asarray(known, dtype=bool)
     out = {"n_known": int(k.sum()), "n_unknown": int((~k).sum()), "min_group": MIN_GROUP}
-    if recalled is not None:
+    if recalled is not None and np.ptp(np.asarray(recalled, float)) == 0:
+        out["recall_spearman"] = {"rho": None, "p_value": None,
+                                  "note": "every subject recalls as many relations: nothing to rank"}
+    elif recalled is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(sst > 0, 1 - res / np.where(sst > 0, sst, 1), 0.0)
         out["recall_spearman"] = stats.spearman(np.asarray(recalled, float), share, seed=seed)
@@ -262,7 +265,7 @@ def known_contrast(res: np.ndarray, sst: np.ndarray, known: np.ndarray | None, s
     return out
 
 
-def _layer_row(X: np.ndarray, S: _Setup, cfg: SuperpositionConfig, seed: int, known: np.ndarray | None = None,
+def _layer_row(X: np.ndarray, S: _Setup, cfg: LlmSuperpositionConfig, seed: int, known: np.ndarray | None = None,
                recalled: np.ndarray | None = None) -> dict:
     """Every number of one layer (states ``X`` (n, d)); see :mod:`mechfact.llm.superposition`. ``known`` (n,):
     the subjects the model recalls and ``recalled`` how many relations each, for :func:`known_contrast`."""

@@ -52,7 +52,7 @@ class ReadoutConfig(DictConfig):
 @dataclass
 class SuperpositionConfig(DictConfig):
     """Options of the superposition test on a synthetic fact model (``mechfact probe superposition``): the
-    held-out share. Not :class:`mechfact.llm.superposition.SuperpositionConfig`, which configures the test on a
+    held-out share. Not :class:`mechfact.llm.superposition.LlmSuperpositionConfig`, which configures the test on a
     pretrained language model."""
 
     heldout_fraction: float = 0.2  # share of subjects held out of the fit

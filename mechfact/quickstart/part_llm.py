@@ -22,7 +22,7 @@ def _llm_runs(lm, out: Path, *, device, seed: int, fast: bool = False, lre: bool
     """The readout, (LRE) and superposition runs of one loaded model into ``out``."""
     from ..llm.lre import LreConfig, run_llm_lre
     from ..llm.probe import quick_probe_config, run_llm_probe
-    from ..llm.superposition import SuperpositionConfig, run_llm_superposition
+    from ..llm.superposition import LlmSuperpositionConfig, run_llm_superposition
 
     sz = sizes or sizes_for(fast)
     small = sz.llm_fast
@@ -52,7 +52,7 @@ def _llm_runs(lm, out: Path, *, device, seed: int, fast: bool = False, lre: bool
         warnings.filterwarnings("ignore", message="The number of unique classes", category=UserWarning)
         # words before the subject: with the subject right after BOS one massive coordinate holds most of the
         # states' variance (SmolLM2, Qwen), and the pooled R^2 measures that coordinate
-        runs["superposition"] = run_llm_superposition(SuperpositionConfig(layers=sl, prompt="words"),
+        runs["superposition"] = run_llm_superposition(LlmSuperpositionConfig(layers=sl, prompt="words"),
                                                       out / "llm_superposition", device=device, seed=seed, lm=lm)
     runs["n_layers"], runs["d_model"] = n, lm.d_model
     return runs
