@@ -64,3 +64,20 @@ def test_llm_readout_example_reads_the_country_of_a_city():
     best = max(rows)
     assert best[0] >= 0.4 and best[0] >= best[1] + 0.2 and best[0] >= best[2] + 0.2, rows
     assert float(re.search(r"faithfulness ([\d.]+)", stdout).group(1)) >= 0.4
+
+
+def test_the_notebook_is_the_api_page():
+    """examples/api_walkthrough.ipynb holds docs/api.md's prose and Python blocks, in order (the blocks themselves
+    are run by tests/test_api_doc.py); `python examples/api_notebook.py` rewrites it after the page changes."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("api_notebook", ROOT / "examples" / "api_notebook.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    page = (ROOT / "docs" / "api.md").read_text()
+    assert (ROOT / "examples" / "api_walkthrough.ipynb").read_text() == mod.render(page), \
+        "the notebook is out of date: python examples/api_notebook.py"
+    nb = json.loads(mod.render(page))
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code == [b.rstrip("\n") for b in re.findall(r"```python\n(.*?)```", page, re.S)] and len(code) >= 8
