@@ -492,14 +492,7 @@ def paired_table(res: dict) -> str:
               and not lre_authors.degenerate(x) and x.get("majority_baseline") is not None}
           for m in MODELS}
     common = sorted(set.intersection(*(set(v) for v in ok.values()))) if all(ok.values()) else []
-    rows = ["Paired tests over relations (the mean difference with its 95% bootstrap interval; p: sign-flip "
-            "permutation test, two-sided; F beats the constant when p < 0.05 and the difference is positive, the "
-            "constant beats F when p < 0.05 and it is negative, else F does not beat it; the best constant first "
-            "token is what one token answered for every fact gets under the first-token match F is scored by, "
-            "the fair constant for that score; the per-relation tests follow):\n",
-            "| model | relations | F(β*) mean [95%] | F(β*) − best constant first token [95%], p, verdict | "
-            "F(β*) − majority object [95%], p, verdict | F(β*) − bias alone [95%], p, verdict |",
-            "|---|---|---|---|---|---|"]
+    lines, tests = [], []  # each row's cells: a test (an index into ``tests``) or a note
     for label, pick in (("own", lambda m: sorted(ok[m])), ("common", lambda m: common)):
         for m in MODELS:
             names = pick(m)
@@ -511,13 +504,31 @@ def paired_table(res: dict) -> str:
                 if any(ok[m][n].get(key) is None for n in names):
                     cells.append("not in these runs")
                     continue
-                d = stats.paired_difference(f, [ok[m][n][key] for n in names], seed=0)
-                said = {"above": "beats it", "below": "the constant beats it"}.get(d["verdict"], "does not beat it")
-                cells.append(f"{d['diff']:+.2f} [{d['diff_ci'][0]:+.2f}, {d['diff_ci'][1]:+.2f}], p {_p(d['p_value'])}"
-                             f", {said}")
-            mean = stats.bootstrap(f, seed=0)
-            rows.append(f"| {m} | {len(names)} ({label}) | {mean.value:.2f} [{mean.low:.2f}, {mean.high:.2f}] | "
-                        + " | ".join(cells) + " |")
+                tests.append(stats.paired_difference(f, [ok[m][n][key] for n in names], seed=0))
+                cells.append(len(tests) - 1)
+            lines.append((m, f"{len(names)} ({label})", stats.bootstrap(f, seed=0), cells))
+    holm = stats.holm([d["p_value"] for d in tests]) if tests else []
+    rows = ["Paired tests over relations (the mean difference with its 95% bootstrap interval; p: sign-flip "
+            f"permutation test, two-sided; Holm: adjusted over the {len(tests)} tests of this table; F beats the "
+            "constant when the Holm p < 0.05 and the difference is positive, the constant beats F when it is "
+            "negative, else F does not beat it; the best constant first token is what one token answered for every "
+            "fact gets under the first-token match F is scored by, the fair constant for that score; the "
+            "per-relation tests follow):\n",
+            "| model | relations | F(β*) mean [95%] | F(β*) − best constant first token [95%], p, Holm, verdict | "
+            "F(β*) − majority object [95%], p, Holm, verdict | F(β*) − bias alone [95%], p, Holm, verdict |",
+            "|---|---|---|---|---|---|"]
+
+    def cell(c) -> str:
+        if isinstance(c, str):
+            return c
+        d, ph = tests[c], holm[c]
+        said = ("does not beat it" if ph is None or ph >= 0.05 else
+                "beats it" if d["diff"] > 0 else "the constant beats it")
+        return (f"{d['diff']:+.2f} [{d['diff_ci'][0]:+.2f}, {d['diff_ci'][1]:+.2f}], p {_p(d['p_value'])}, Holm "
+                f"{_p(ph)}, {said}")
+    for m, n, mean, cells in lines:
+        rows.append(f"| {m} | {n} | {mean.value:.2f} [{mean.low:.2f}, {mean.high:.2f}] | "
+                    + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(rows)
 
 

@@ -281,8 +281,9 @@ def test_the_paired_test_says_an_lre_no_better_than_a_constant_does_not_beat_it(
                                   "n_objects_test": 5}
     table = F.paired_table(rows)
     line = {m: next(l for l in table.splitlines() if l.startswith(f"| {m} | 12 (own)")) for m in F.MODELS}
-    assert line[F.MODELS[0]].split(" | ")[3] == "+0.00 [+0.00, +0.00], p 1.000, does not beat it"  # F = token
-    assert line[F.MODELS[0]].split(" | ")[4].startswith("+0.20 [+0.20, +0.20], p < 0.001, beats it")
+    assert line[F.MODELS[0]].split(" | ")[3] == "+0.00 [+0.00, +0.00], p 1.000, Holm 1.000, does not beat it"
+    cell = line[F.MODELS[0]].split(" | ")[4]
+    assert cell.startswith("+0.20 [+0.20, +0.20], p < 0.001, Holm ") and cell.endswith(", beats it"), cell
     assert line[F.MODELS[0]].split(" | ")[5].rstrip(" |").endswith("does not beat it"), line[F.MODELS[0]]
     assert line[F.MODELS[2]].split(" | ")[4].rstrip(" |").endswith("the constant beats it"), line[F.MODELS[2]]
     assert "12 (common)" in table
