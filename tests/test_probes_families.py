@@ -328,3 +328,31 @@ def test_the_layer_sweep_table_puts_each_relations_models_side_by_side(tmp_path)
     order = [tuple(c.strip() for c in line.split("|")[1:3]) for line in F.lre_sweep_table(tmp_path).splitlines()[2:]]
     assert order == [("a", "smollm2-135m-instruct"), ("a", "gemma3-270m"), ("b", "smollm2-135m-instruct"),
                      ("b", "gemma3-270m")]
+
+
+def test_the_24_trial_section_tests_f_against_the_best_constant_token_relation_by_relation(tmp_path):
+    """From a lre_trials24 run folder: the table shows F(β*), the best constant token (with the token) and the
+    majority object; per relation, the paired test at the model's beta decides (Holm over every test of the
+    table): a relation where F is 0.3 above the token beats it, one where F equals it does not."""
+    m, (model_beta,) = F.TRIALS24[0][0], [1.0]
+    rows = []
+    for name, gap in (("rel up", 0.3), ("rel flat", 0.0)):
+        r = _row(name, lambda b: 0.6, model_beta)
+        r.update(constant_token_baseline=0.6 - gap, constant_token_baseline_ci=[0.5 - gap, 0.7 - gap],
+                 constant_token_baseline_n=20, n_trials=24,
+                 trials=[{"constant_token": "univ", "skipped": False}] * 24,
+                 faithfulness_vs_constant_token_by_beta={str(b): [gap, gap - 0.1 if gap else -0.05,
+                                                                  gap + 0.1 if gap else 0.05,
+                                                                  0.001 if gap else 1.0] for b in AUTHORS_BETAS},
+                 faithfulness_vs_majority_by_beta={str(b): [0.4, 0.3, 0.5, 0.001] for b in AUTHORS_BETAS})
+        rows.append(r)
+    d = tmp_path / m / f"lre_trials24_{F.TRIALS24[0][1]}"
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"per_relation": rows}))
+    text = F.trials24_section(tmp_path)
+    assert "the model's beta 1.0" in text and "'univ'" in text
+    up = next(l for l in text.splitlines() if l.startswith(f"| {m} | rel up |"))
+    flat = next(l for l in text.splitlines() if l.startswith(f"| {m} | rel flat |"))
+    assert up.split(" | ")[2].endswith(", beats it") and flat.split(" | ")[2].endswith("does not beat it")
+    assert "beats the best constant first token on 1 of 2 relations" in text
+    assert F.trials24_section(tmp_path / "none") == "Not run yet (`--run` makes them)."
