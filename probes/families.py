@@ -872,7 +872,9 @@ def write_doc(out: Path, path: Path) -> None:
               "As the sections above, with the paper's 24 trials, no edits (`--max-causality 0`), and every test "
               "fact's outcome kept, so that F(β*) is tested against the best constant first token (one token "
               "answered for every fact, chosen per trial on the scored facts themselves: an upper bound for any "
-              "constant, scored by the same first-token match as F) and the majority object on the same facts.\n",
+              "constant, scored by the same first-token match as F; under that match a one-letter token such as "
+              "'b' is right on every object starting with b, and F can score the same way) and the majority object "
+              "on the same facts.\n",
               trials24_section(out), "",
               "## LRE layer sweep (layers chosen on training facts)\n", lre_sweep_table(out), "",
               "## Readout (the 14 shipped relations)\n", readout_table(out), "",
