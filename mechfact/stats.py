@@ -310,7 +310,7 @@ def spearman(x: Sequence[float], y: Sequence[float], *, n_boot: int = N_BOOT, n_
              confidence: float = CONFIDENCE) -> dict:
     """Spearman's rho of paired items with a bootstrap interval (over items) and a permutation p-value (two-sided).
 
-    Returns ``{"rho", "rho_ci", "rho_n", "p_value"}``; fewer than 3 pairs give ``rho`` None.
+    Returns ``{"rho", "rho_ci", "rho_n", "p_value"}``; fewer than 3 pairs, or a constant side, give ``rho`` None.
     """
     from scipy.stats import rankdata
 
@@ -318,7 +318,7 @@ def spearman(x: Sequence[float], y: Sequence[float], *, n_boot: int = N_BOOT, n_
     if a.shape != b.shape:
         raise ValueError(f"spearman: {a.size} values against {b.size}")
     n = a.size
-    if n < 3:
+    if n < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:  # a constant side has no ranks to correlate
         return {"rho": None, "rho_ci": [None, None], "rho_n": int(n), "p_value": None}
 
     def rho(pairs: np.ndarray) -> float:

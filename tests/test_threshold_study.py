@@ -1,6 +1,9 @@
 """The threshold study's plumbing on a tiny world: d from d*, both regimes, resume, the table."""
 
 import json
+import re
+
+import numpy as np
 
 import pytest
 
@@ -377,3 +380,22 @@ def test_the_width_table_sets_the_same_number_of_facts_side_by_side_across_n():
     assert "| 1024 | 4 | 16 | 4096 | > 8192 (—) |" in text and "| 2048 | 256 |" not in text
     assert "resamples the 2 seeds of each setting independently" in text  # the interval's scheme and caveat
     assert "below 100 distinct resamples no interval is given" in text
+
+
+def test_the_mechanism_is_a_curve_over_width_not_a_cutoff():
+    """Zero-shot planted to rise with d / (R A) under squared error and to stay flat under cross-entropy: the
+    bands carry the means with intervals, and the per-loss Spearman test finds the rise only where it is."""
+    rng = np.random.default_rng(0)
+    pts = []
+    for loss in ("ce", "mse"):
+        for ratio in np.exp(rng.uniform(np.log(0.01), np.log(3.0), 60)):
+            z = min(1.0, 0.3 * ratio) if loss == "mse" else 0.2 + 0.02 * rng.standard_normal()
+            pts.append({"loss": loss, "ratio": float(ratio), "train_accuracy": 1.0, "r2_heldout": 0.5,
+                        "zero_shot_accuracy": float(z)})
+    text = "\n".join(P.mechanism_section(pts))
+    assert "| squared error | >= 1 |" in text and "| cross-entropy | 0-0.05 |" in text
+    mse = re.search(r"squared error, zero-shot: rho \+([\d.]+) .*?Holm ([\d.e-]+)\)", text)
+    assert float(mse.group(1)) > 0.95 and float(mse.group(2)) < 0.01
+    ce = re.search(r"cross-entropy, zero-shot: rho ([+-][\d.]+) .*?Holm ([\d.e-]+)\)", text)
+    assert abs(float(ce.group(1))) < 0.4 and float(ce.group(2)) > 0.05
+    assert P.mechanism_section([]) == []
