@@ -763,6 +763,10 @@ def _part_status(out: Path, m: str, name: str) -> str:
         n, held = sum(map(len, rels)), set().union(*map(set, rels))
         every = set().union(*[_relation_names(f) for mm in MODELS for f in _part_folders(out, mm, name)],
                             [rel for rel, _, _ in kept])  # a relation kept part way has not finished
+        if name.startswith("lre_trials24_"):  # its part's relations: those of the part's full runs
+            part = name.removeprefix("lre_trials24_")
+            every |= set().union(*[_relation_names(f) for mm in MODELS
+                                   for f in _part_folders(out, mm, f"lre_authors_{part}")])
         if len(held) >= len(every) and not done:  # a stopped folder whose relations left ran in another
             stopped = sum(not (f / "meta.json").is_file() for f in folders)
             state = (f"finished ({stopped} folder stopped early, what it left ran in another)" if stopped == 1 else
