@@ -341,8 +341,8 @@ def test_authors_protocol_reports_fixed_and_train_chosen_numbers_with_intervals(
     stats.check_reported(d, ["faithfulness", "faithfulness_train_beta", "faithfulness_bias_only", "majority_baseline",
                              "causality", "faithfulness_model_beta"])
     assert set(d["train_faithfulness_by_beta"]) == {str(b) for b in AUTHORS_BETAS}
-    if d["causality"] is not None:  # the authors' sweep 0, 8, ..., clipped to the width
-        assert set(d["causality_by_rank"]) == {str(r) for r in range(0, lm.d_model + 1, 8)}
+    if d["causality"] is not None:  # 16, 32, ... clipped to the width (the authors' sweep: --ranks authors)
+        assert set(d["causality_by_rank"]) == {"16", "32", "48"} and d["rank"] in (16, 32, 48)
         assert d["causality"] == d["causality_by_rank"][str(d["rank"])]
     known = mechfact.lre(lm, rel, layer=1, n_train=3, n_trials=2, chunk=16)  # a random model knows nothing
     assert known.faithfulness is None and known.n_trials == 0
@@ -663,3 +663,10 @@ def test_one_known_fact_filter_with_both_rules_and_a_clear_error(tiny):
     assert knows(tok, ids, objects, "spells") == [False, True, False]
     with pytest.raises(ValueError, match="known 'exact': allowed values are spells, prefix"):
         knows(tok, ids, objects, "exact")
+
+
+def test_the_rank_sweeps_default_and_the_authors():
+    from mechfact.llm.lre_authors import AUTHORS_RANKS, rank_grid
+
+    assert rank_grid(None, 576) == [16, 32, 64, 128, 256, 576] and rank_grid(None, 48) == [16, 32, 48]
+    assert rank_grid(AUTHORS_RANKS, 576) == list(range(0, 320, 8)) and rank_grid(AUTHORS_RANKS, 48)[-1] == 48

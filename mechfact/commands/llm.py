@@ -120,7 +120,8 @@ def register(subparsers) -> dict:
                         "(default: one per test fact, as the authors; the edits are most of a run's time on a "
                         "relation the model knows well); faithfulness still scores every test fact; 0: no edits, faithfulness "
                         "only")
-    p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256 (default the authors' 0,8,...,312, up to d_model)")
+    p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256, or 'authors' for their "
+                   "0,8,...,312 (about 7x the edits); default 16..256 and full, up to d_model")
     common_args(p)
     executor_args(p)  # one job per relation; each Ray worker loads the model itself
 
@@ -256,7 +257,9 @@ def _run_llm(a) -> None:
             P.run_llm_probe(probe_config(a, a.model, a.relations), a.out, device=a.device_obj, seed=a.seed,
                             progress=progress, executor=executor)
     else:
-        ranks = None if a.ranks is None else _layers(a.ranks)
+        from ..llm.lre_authors import AUTHORS_RANKS
+
+        ranks = None if a.ranks is None else list(AUTHORS_RANKS) if a.ranks == "authors" else _layers(a.ranks)
         layers = None if a.layers is None else _layers(a.layers)
         if a.layers is not None and layers is None:
             raise UsageError(f"--layers {a.layers}: llm lre sweeps listed layers, e.g. 3,9,15 or 4-20")

@@ -75,7 +75,7 @@ class LreConfig(DictConfig):
     chunk: int | None = None  # Jacobian input directions per tangent product (None: all at once; lower: less memory)
     protocol: str = "authors"  # authors: Hernandez et al.'s code (module docstring) | mechfact: the first protocol
     n_trials: int = DEFAULT_TRIALS  # authors: trials (split, prompt, filter, operator) averaged; 24 as the paper
-    ranks: list[int] | None = None  # authors: edit ranks swept (None: theirs, 0, 8, ..., 312, up to d_model)
+    ranks: list[int] | None = None  # authors: edit ranks swept (None: 16..256 and full; lre_authors.AUTHORS_RANKS: theirs)
     dtype: str = "float32"
     batch_size: int = 16
     cache_states: bool = True

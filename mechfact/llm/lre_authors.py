@@ -20,8 +20,8 @@ As their sweep (github evandez/relations, ``src/sweeps.py``) runs it, per trial 
    the model knows well; ``max_causality`` (default None: every test fact, as the authors) caps a trial's edits
    at that many pairs, taken round-robin over their objects (:func:`cap_pairs`; faithfulness still scores every
    test fact; rows carry ``max_causality`` and each trial its ``n_causality_candidates``; 0: no edits at all,
-   faithfulness only). Ranks: the authors' sweep ``range(0, 320, 8)`` clipped to the model's width
-   (:func:`rank_grid`).
+   faithfulness only). Ranks: 16, 32, 64, 128, 256 and full by default; ``ranks=AUTHORS_RANKS`` (``--ranks
+   authors``) is the authors' sweep ``range(0, 320, 8)``, about 7x the edits (:func:`rank_grid`).
 
 What the authors chose on the scored facts is chosen here without them (``selected_on`` in every row):
 
@@ -76,13 +76,14 @@ AUTHORS_BETAS = tuple(round(0.25 * i, 2) for i in range(21))  # 0 .. 5 in 21 ste
 FIXED_BETA = 2.25  # the authors' beta for GPT-J (LLaMA-13B: 8.0, outside this grid's 0..5)
 DEFAULT_TRIALS = 8
 AUTHORS_RANKS = tuple(range(0, 320, 8))  # the authors' edit-rank sweep (0 .. 312), clipped to d_model
+DEFAULT_RANKS = (16, 32, 64, 128, 256)  # and the full rank: the default sweep (7x fewer edits than the authors')
 INTERVALS = "trials+subjects"  # rates' intervals draw trials (operators), then subjects (stats.trial_mean)
 
 
 def rank_grid(ranks, d_model: int) -> list[int]:
-    """The edit ranks a run sweeps: ``ranks`` (None: :data:`AUTHORS_RANKS`) clipped to ``d_model``, sorted, once
-    each."""
-    return sorted({min(int(r), d_model) for r in (AUTHORS_RANKS if ranks is None else ranks)})
+    """The edit ranks a run sweeps: ``ranks`` (None: :data:`DEFAULT_RANKS` and the full rank) clipped to
+    ``d_model``, sorted, once each."""
+    return sorted({min(int(r), d_model) for r in ((*DEFAULT_RANKS, d_model) if ranks is None else ranks)})
 
 
 _VOCAB: dict[int, frozenset] = {}
