@@ -85,6 +85,12 @@ PARTS: dict[str, list[str]] = {
     **{f"pool_N{N}_8k": ["capacity", "--subjects", str(N), "--relations", "8", "--attributes", "64", "--outputs",
                          "attributes", "--grid", *grid, "--steps", "8000", *COS, "--seeds", "3"]
        for N, grid in ((256, "8 10 12".split()), (1024, "12 14 16 20".split()))},
+    # 16x the steps, every grid value in ascending order (reaching is not monotone in d at a fixed budget): where
+    # d*(8000) = d*(32000) the threshold has converged for this schedule
+    **{f"pool_N{N}_32k": ["capacity", "--subjects", str(N), "--relations", "8", "--attributes", "64", "--outputs",
+                          "attributes", "--grid", *grid, "--scan", "ascending", "--steps", "32000", *COS, "--seeds",
+                          "3"]
+       for N, grid in ((256, "6 7 8 9 10 12".split()), (1024, "10 11 12 13 14 16".split()))},
     # the same worlds with fixed entity embeddings: the MLP width m* at d = 16. trainable: the embeddings can store
     # the facts; frozen-input: the subjects' input embeddings fixed, the A-way unembedding and the MLP learn (with
     # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed. Every width in

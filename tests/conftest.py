@@ -90,3 +90,19 @@ def train_spy(monkeypatch):
 
     spy.starts, spy.stop_at, spy.Stop = [], None, StopTraining
     return spy
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """{family: LanguageModel} plus the relation folder; built once per session."""
+    import torch
+
+    from llm_tiny import FAMILIES, build_model, write_relations
+    from mechfact.llm.loading import load_model
+
+    root = tmp_path_factory.mktemp("tiny_llms")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    models = {f: load_model(str(build_model(f, root / f))) for f in FAMILIES}
+    torch.set_num_threads(n)
+    return {"models": models, "relations": write_relations(root / "relations"), "root": root}

@@ -1,4 +1,4 @@
-"""probes.families builds its LRE tables from run folders alone: one beta per model chosen on training facts,
+"""probes.results_llm_lre builds its LRE tables from run folders alone: one beta per model chosen on training facts,
 degenerate relations out of the means, Spearman against the published numbers with an interval."""
 
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mechfact.llm.lre_authors import AUTHORS_BETAS
-from probes import families as F
+from probes import families as F, results_llm as FP, results_llm_lre as FL
 
 
 def _row(name, f_by_beta, train_best, degenerate=False):
@@ -41,10 +41,10 @@ def test_model_beta_is_chosen_on_training_facts_and_spearman_uses_it(tmp_path):
         g = F.PUBLISHED[n][0]
         rows.append(_row(n, lambda b, g=g: g if b == 1.0 else 1 - g, 1.0 if k % 4 else 3.0))
     _write(tmp_path, "smollm2-135m-instruct", rows)
-    sp = {r["reference"]: r for r in F.spearman_rows(tmp_path)}
+    sp = {r["reference"]: r for r in FL.spearman_rows(tmp_path)}
     assert sp["GPT-J"]["rho"] == pytest.approx(1.0) and sp["GPT-J"]["rho_n"] == 12
     assert sp["GPT-J"]["p_value"] < 0.01 and sp["GPT-J"]["rho_ci"][0] > 0.8
-    table = F.lre_table(tmp_path, "factual")
+    table = FL.lre_table(tmp_path, "factual")
     assert "at the model beta 1.0" in table
     assert "Spearman smollm2-135m-instruct vs GPT-J (12 relations): rho 1.00" in table
 
@@ -53,7 +53,7 @@ def test_degenerate_relations_are_marked_and_left_out_of_the_means(tmp_path):
     rows = [_row("country capital city", lambda b: 0.5, 2.25), _row("landmark on continent", lambda b: 1.0, 2.25,
                                                                      degenerate=True)]
     _write(tmp_path, "smollm2-135m-instruct", rows)
-    table = F.lre_table(tmp_path, "factual")
+    table = FL.lre_table(tmp_path, "factual")
     assert "degenerate (one object)" in table
     assert "1 relations scored and not degenerate (1 degenerate)" in table
     assert "F at beta 2.25 0.50" in table  # the mean is the one non-degenerate relation, not (0.5 + 1.0) / 2
@@ -65,14 +65,14 @@ def test_a_relation_the_bias_alone_solves_is_degenerate_too(tmp_path):
     const = {**_row("person university", lambda b: 0.9, 2.25), "n_objects_test": 12,
              "faithfulness_bias_only": 1.0}
     _write(tmp_path, "smollm2-135m-instruct", [ok, const])
-    table = F.lre_table(tmp_path, "factual")
+    table = FL.lre_table(tmp_path, "factual")
     assert "degenerate (the bias alone is right on every test fact)" in table
     assert "1 relations scored and not degenerate (1 degenerate)" in table and "F at beta 2.25 0.50" in table
 
 
 def test_families_run_needs_the_relation_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        F.main(["--run", "--out", str(tmp_path), "--relations", str(tmp_path / "nope")])
+        FP.main(["--run", "--out", str(tmp_path), "--relations", str(tmp_path / "nope")])
     assert e.value.code == 2 and "--run needs --relations DIR" in capsys.readouterr().err
 
 
@@ -92,13 +92,13 @@ def test_exported_runs_rebuild_the_same_page_without_machine_paths(tmp_path):
     assert sorted(p.name for p in copied.iterdir()) == ["config.json", "meta.json", "result.json"]
     assert json.loads((copied / "config.json").read_text())["config"]["relations"] == f"{F.DATA_NAME}/factual"
     assert str(tmp_path) not in "".join(p.read_text() for p in copied.iterdir())
-    F.write_doc(runs, tmp_path / "a.md")
-    F.write_doc(dest, tmp_path / "b.md")
+    FP.write_doc(runs, tmp_path / "a.md")
+    FP.write_doc(dest, tmp_path / "b.md")
     assert (tmp_path / "a.md").read_text() == (tmp_path / "b.md").read_text()
     assert "country capital city" in (tmp_path / "b.md").read_text()
 
 
-@pytest.mark.parametrize("module,runs,page", [("families", "docs/runs/fam", "docs/results_llm.md"),
+@pytest.mark.parametrize("module,runs,page", [("results_llm", "docs/runs/fam", "docs/results_llm.md"),
                                               ("tracing_study", "docs/runs/trace", "docs/results_trace.md"),
                                               ("recall_study", "docs/runs/recall", "docs/results_recall.md")])
 def test_the_results_pages_are_what_their_command_writes_from_the_shipped_runs(module, runs, page, tmp_path):
@@ -143,7 +143,7 @@ def test_shipped_runs_resume_under_another_data_folder(tmp_path, capsys):
     assert F.resume_shipped(shipped, out, tmp_path / "second" / "lre") == []
     assert (out / "qwen2.5-coder-0.5b-instruct" / "lre_authors_factual" / "result.json").read_text() == "{}"
     with pytest.raises(SystemExit):
-        F.main(["--out", str(out), "--resume-from", str(shipped)])
+        FP.main(["--out", str(out), "--resume-from", str(shipped)])
     assert "--resume-from needs --run" in capsys.readouterr().err
 
 
@@ -216,8 +216,8 @@ def test_run_status_counts_relations_against_every_model_and_every_request(tmp_p
     assert F._part_status(tmp_path, "qwen2.5-coder-0.5b-instruct", "lre_authors_factual").startswith("partial")
     (asked / "config.json").unlink()
     assert F._part_status(tmp_path, "smollm2-135m-instruct", "lre_authors_factual") == "finished, 2 relations"
-    assert "≤64 edits/trial" in F._lre_cell({**_row("a", lambda b: 0.5, 1.0), "max_causality": 64})
-    assert "edits/trial" not in F._lre_cell(_row("a", lambda b: 0.5, 1.0))
+    assert "≤64 edits/trial" in FL._lre_cell({**_row("a", lambda b: 0.5, 1.0), "max_causality": 64})
+    assert "edits/trial" not in FL._lre_cell(_row("a", lambda b: 0.5, 1.0))
 
 
 def test_run_plan_finishes_a_split_part_without_running_a_relation_twice(tmp_path, monkeypatch):
@@ -279,7 +279,7 @@ def test_the_paired_test_says_an_lre_no_better_than_a_constant_does_not_beat_it(
                                   "majority_baseline": f - 0.2 if m != F.MODELS[2] else f + 0.2,
                                   "constant_token_baseline": f,
                                   "n_objects_test": 5}
-    table = F.paired_table(rows)
+    table = FL.paired_table(rows)
     line = {m: next(l for l in table.splitlines() if l.startswith(f"| {m} | 12 (own)")) for m in F.MODELS}
     assert line[F.MODELS[0]].split(" | ")[3] == "+0.00 [+0.00, +0.00], p 1.000, Holm 1.000, does not beat it"
     cell = line[F.MODELS[0]].split(" | ")[4]
@@ -295,12 +295,12 @@ def test_holm_adjusts_every_spearman_test_of_the_page_and_partial_rho_is_reporte
     for r, k in zip(rows, range(12)):
         r["n_objects_test"] = 3 + k
     _write(tmp_path, "smollm2-135m-instruct", rows)
-    fam = F.spearman_family(tmp_path)
+    fam = FL.spearman_family(tmp_path)
     from mechfact import stats
 
     assert [r["p_holm"] for r in fam] == stats.holm([r["p_value"] for r in fam]) and len(fam) == 2
     assert all(r["p_holm"] >= r["p_value"] for r in fam) and fam[0]["partial_rho"] is not None
-    assert "Holm" in F.lre_table(tmp_path, "factual") and "partial rho (objects)" in F.lre_table(tmp_path, "factual")
+    assert "Holm" in FL.lre_table(tmp_path, "factual") and "partial rho (objects)" in FL.lre_table(tmp_path, "factual")
 
 
 def test_the_layer_sweep_table_shows_the_train_chosen_layers_with_intervals_and_f_at_the_causality_layer(tmp_path):
@@ -312,7 +312,7 @@ def test_the_layer_sweep_table_shows_the_train_chosen_layers_with_intervals_and_
     folder = tmp_path / "smollm2-135m-instruct" / "lre_layers_factual"
     folder.mkdir(parents=True)
     (folder / "result.json").write_text(json.dumps({"per_relation": [row]}))
-    line = F.lre_sweep_table(tmp_path).splitlines()[-1]
+    line = FL.lre_sweep_table(tmp_path).splitlines()[-1]
     assert line == ("| r | smollm2-135m-instruct | 12×8, ≤64 edits/trial | 3: 0.60, 9: 0.80 | 3: 0.20, 9: 0.40 | "
                     "9: 0.80 [0.70, 0.90] / 3: 0.20 [0.10, 0.30] | 0.50 (beta 2.25) | 0.75 |")
 
@@ -325,7 +325,7 @@ def test_the_layer_sweep_table_puts_each_relations_models_side_by_side(tmp_path)
         rows = [{"relation": n, "beta": 2.25, "n_test": 4, "n_trials": 8, "layer": 3, "edit_layer": 3,
                  "by_layer": by_layer} for n in names]
         (folder / "result.json").write_text(json.dumps({"per_relation": rows}))
-    order = [tuple(c.strip() for c in line.split("|")[1:3]) for line in F.lre_sweep_table(tmp_path).splitlines()[2:]]
+    order = [tuple(c.strip() for c in line.split("|")[1:3]) for line in FL.lre_sweep_table(tmp_path).splitlines()[2:]]
     assert order == [("a", "smollm2-135m-instruct"), ("a", "gemma3-270m"), ("b", "smollm2-135m-instruct"),
                      ("b", "gemma3-270m")]
 
@@ -349,10 +349,10 @@ def test_the_24_trial_section_tests_f_against_the_best_constant_token_relation_b
     d = tmp_path / m / f"lre_trials24_{F.TRIALS24[0][1]}"
     d.mkdir(parents=True)
     (d / "result.json").write_text(json.dumps({"per_relation": rows}))
-    text = F.trials24_section(tmp_path)
+    text = FL.trials24_section(tmp_path)
     assert "the model's beta 1.0" in text and "'univ'" in text
     up = next(l for l in text.splitlines() if l.startswith(f"| {m} | rel up |"))
     flat = next(l for l in text.splitlines() if l.startswith(f"| {m} | rel flat |"))
     assert up.split(" | ")[2].endswith(", beats it") and flat.split(" | ")[2].endswith("does not beat it")
     assert "beats the best constant first token on 1 of 2 relations" in text
-    assert F.trials24_section(tmp_path / "none") == "Not run yet (`--run` makes them)."
+    assert FL.trials24_section(tmp_path / "none") == "Not run yet (`--run` makes them)."
