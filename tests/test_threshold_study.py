@@ -7,7 +7,7 @@ import numpy as np
 
 import pytest
 
-from synthetic import results_pool as P
+from synthetic import pool_estimates as PE, pool_mechanism as PM, pool_runs as PR, results_pool as P
 from synthetic import threshold_study as T
 
 
@@ -53,7 +53,7 @@ def test_threshold_study_trains_at_multiples_of_d_star_resumes_and_tabulates(tmp
             for r, ts in ((2, (2, 3, 4)), (4, (6, 7, 8))) for s, t in enumerate(ts)]
     (caps / "result.json").write_text(json.dumps({"thresholds": recs}))
     (caps / "config.json").write_text(json.dumps({"config": {"out": str(caps), "grid": [2, 3]}}))
-    assert P.export(tmp_path / "caps", tmp_path / "t", tmp_path / "x") == 2 + 4
+    assert PR.export(tmp_path / "caps", tmp_path / "t", tmp_path / "x") == 2 + 4
     assert str(tmp_path) not in (tmp_path / "x" / "capacity" / "pool_N32" / "config.json").read_text()
     P.write_doc(tmp_path / "x", tmp_path / "page.md", tmp_path / "img")
     page = (tmp_path / "page.md").read_text()
@@ -120,7 +120,7 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
     (src / "capacity" / "pool_N1024" / "result.json").write_text(json.dumps({"thresholds": [
         {**t, "subjects": 1024, "r_log_n": t["relations"] * 6.931, "n_facts": 1024 * t["relations"]}
         for t in d_recs[:3]]}))
-    recs, parts = P.pool_thresholds(src)
+    recs, parts = PR.pool_thresholds(src)
     assert parts == ["pool_N1024", "pool_N256"] and all(t["searched"] == "d" for t in recs)
     P.write_doc(src, tmp_path / "page.md")
     page = (tmp_path / "page.md").read_text()
@@ -155,11 +155,11 @@ def test_a_setting_in_two_pool_parts_is_read_once_preferring_the_one_that_reache
     for name, recs in parts.items():
         (tmp_path / "capacity" / name).mkdir(parents=True)
         (tmp_path / "capacity" / name / "result.json").write_text(json.dumps({"thresholds": recs}))
-    recs, names = P.pool_thresholds(tmp_path)
+    recs, names = PR.pool_thresholds(tmp_path)
     assert names == ["pool_N1024_AN", "pool_N4096", "pool_N4096_A64"]
     got = sorted((t["relations"], t["attributes"], t["threshold"]) for t in recs)
     assert got == [(2, 16, 2), (2, 64, 3), (2, 1024, 4), (16, 64, 80)]
-    assert [t["threshold"] for t in P.pool_thresholds(tmp_path, "d", "_8k")[0]] == [64]
+    assert [t["threshold"] for t in PR.pool_thresholds(tmp_path, "d", "_8k")[0]] == [64]
 
 
 @pytest.mark.slow
@@ -194,14 +194,14 @@ def test_the_unfinished_regime_map_at_n4096_lists_its_missing_models_and_their_m
 
     small = [{"subjects": 256, "relations": 8, "world_attributes": 64, "variant": v, "seed": s, "wall_time_s": 60.0}
              for v in ("default", "geometric") for s in (0, 1)]
-    text = P._map_estimate(small)
+    text = PE._map_estimate(small)
     assert f"about {240 * 16 / 3600:.1f} CPU hours" in text and "--capacity runs/facts/pool_N4096_A64" in text
     big = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": v, "seed": 0, "wall_time_s": t}
            for v, t in (("default", 360.0), ("geometric", 3600.0), ("A-16", 720.0), ("geo-no-l2", 1800.0))]
     # a model made on a GPU counts as run, but its time is no CPU time: loss-mse seed 1 is costed as if none ran
     gpu = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": "loss-mse", "seed": 0,
             "wall_time_s": 1.0, "device": "cuda"}]
-    text = P._map_estimate(small + big + gpu)
+    text = PE._map_estimate(small + big + gpu)
     n_all = len(regime_map.VARIANTS) * 2
     missing = n_all - 5
     own = {"default": 360.0, "geometric": 3600.0, "A-16": 720.0, "geo-no-l2": 1800.0}
@@ -223,7 +223,7 @@ def test_the_unfinished_regime_map_at_n4096_lists_its_missing_models_and_their_m
     assert f"about {hours:.1f} CPU hours" in text and "a lower bound for A-N, whose pool is larger" in text
     full = [{"subjects": 4096, "relations": 8, "world_attributes": 64, "variant": v, "seed": s, "wall_time_s": 1.0}
             for v in regime_map.VARIANTS for s in (0, 1)]
-    assert P._map_estimate(small + full) == ""
+    assert PE._map_estimate(small + full) == ""
 
 
 def test_the_pool_page_names_what_a_gpu_made_and_nothing_when_all_ran_on_the_cpu(tmp_path):
@@ -238,7 +238,7 @@ def test_the_pool_page_names_what_a_gpu_made_and_nothing_when_all_ran_on_the_cpu
 
     write_json_atomic(tmp_path / "capacity" / "pool_N256" / "result.json",
                       {"thresholds": [rec(0), rec(1, device="cpu")], "evaluations": {}})
-    assert P._device_line(tmp_path, P.pool_thresholds(tmp_path)[0], []) == []
+    assert PE._device_line(tmp_path, PR.pool_thresholds(tmp_path)[0], []) == []
     write_json_atomic(tmp_path / "capacity" / "pool_N256" / "result.json",
                       {"thresholds": [rec(0), rec(1, device="cuda")], "evaluations": {}})
     summ = {"regime": "geometric", "subjects": 256, "relations": 2, "attributes": 16, "factor": 3.0, "seed": 1,
@@ -246,7 +246,7 @@ def test_the_pool_page_names_what_a_gpu_made_and_nothing_when_all_ran_on_the_cpu
     write_json_atomic(tmp_path / "threshold" / "N256_R2_A16" / "geometric_x3_seed1" / "summary.json", summ)
     write_json_atomic(tmp_path / "threshold" / "N256_R2_A16" / "geometric_x3_seed0" / "summary.json",
                       {**summ, "seed": 0, "device": "cpu"})
-    line = P._device_line(tmp_path, P.pool_thresholds(tmp_path)[0], T.collect(tmp_path / "threshold"))[0]
+    line = PE._device_line(tmp_path, PR.pool_thresholds(tmp_path)[0], T.collect(tmp_path / "threshold"))[0]
     assert "1 of the thresholds in section 1" in line and "1 of the trained models" in line
     assert "geometric x3 seed 1" in line and "seed 0" not in line
 
@@ -263,9 +263,9 @@ def test_a_setting_searched_in_two_parts_takes_the_pools_own_part_and_the_page_s
                       {"thresholds": [rec(2, 0, 6, device="cuda"), rec(4, 1, 14, device="cuda")], "evaluations": {}})
     write_json_atomic(tmp_path / "capacity" / "pool_N4096_A64" / "result.json",
                       {"thresholds": [rec(2, 0, 6), rec(4, 1, 12)], "evaluations": {}})
-    recs, _ = P.pool_thresholds(tmp_path)
+    recs, _ = PR.pool_thresholds(tmp_path)
     assert sorted((t["relations"], t["threshold"]) for t in recs) == [(2, 6), (4, 12)]
-    line = P._twice_line(tmp_path)[0]
+    line = PE._twice_line(tmp_path)[0]
     assert "1 of 2 give the same d*" in line
     assert "N = 4096, R = 4, A = 64, seed 1: 14 (pool_N4096, cuda) vs 12 (pool_N4096_A64, cpu)" in line
 
@@ -329,11 +329,11 @@ def test_a_part_whose_missing_pools_finished_in_their_own_parts_is_not_listed_as
     part("pool_N4096", recs(16) + recs(64, rs=(2, 4)), False)
     part("pool_N4096_A64", recs(64), True)
     part("pool_N4096_A256", recs(256, rs=(2, 4)), False)
-    assert "- `pool_N4096`: unfinished, 12 thresholds so far" in P._estimate(tmp_path)
+    assert "- `pool_N4096`: unfinished, 12 thresholds so far" in PE._estimate(tmp_path)
     part("pool_N4096_A256", recs(256), True)
-    assert "`pool_N4096`" not in P._estimate(tmp_path)
+    assert "`pool_N4096`" not in PE._estimate(tmp_path)
     part("pool_N4096", recs(16, seeds=(0,)) + recs(64, rs=(2, 4)), False)  # an A = 16 setting of its own missing
-    assert "- `pool_N4096`: unfinished, 8 thresholds so far" in P._estimate(tmp_path)
+    assert "- `pool_N4096`: unfinished, 8 thresholds so far" in PE._estimate(tmp_path)
 
 
 def test_an_unrun_width_part_is_costed_by_its_bisection_at_the_measured_rate(tmp_path, monkeypatch):
@@ -356,11 +356,11 @@ def test_an_unrun_width_part_is_costed_by_its_bisection_at_the_measured_rate(tmp
             "capacity", "--subjects", "64", "--relations", "2", "--attributes", "4", "--outputs", "attributes",
             "--embeddings", "frozen", "--search", "mlp-width", "--grid", "2", "4", "8", "16", "32", "64", "--steps",
             "100", "--seeds", "2"]})
-    text = P._estimate(tmp_path)
+    text = PE._estimate(tmp_path)
     assert "- `pool_N64_width`: about 0.16 CPU hours on one thread in all (each setting's bisection" in text
     assert "`pool_N16_width`" not in text
     F.PARTS["pool_N64_width"] += ["--scan", "ascending"]  # 2, 4, 8, 16, 32: 62 units, 620 s
-    assert "- `pool_N64_width`: about 0.17 CPU hours on one thread in all (each setting's scan" in P._estimate(
+    assert "- `pool_N64_width`: about 0.17 CPU hours on one thread in all (each setting's scan" in PE._estimate(
         tmp_path)
 
 
@@ -392,10 +392,10 @@ def test_the_mechanism_is_a_curve_over_width_not_a_cutoff():
             z = min(1.0, 0.3 * ratio) if loss == "mse" else 0.2 + 0.02 * rng.standard_normal()
             pts.append({"loss": loss, "ratio": float(ratio), "train_accuracy": 1.0, "r2_heldout": 0.5,
                         "zero_shot_accuracy": float(z)})
-    text = "\n".join(P.mechanism_section(pts))
+    text = "\n".join(PM.mechanism_section(pts))
     assert "| squared error | >= 1 |" in text and "| cross-entropy | 0-0.05 |" in text
     mse = re.search(r"squared error, zero-shot: rho \+([\d.]+) .*?Holm ([\d.e-]+)\)", text)
     assert float(mse.group(1)) > 0.95 and float(mse.group(2)) < 0.01
     ce = re.search(r"cross-entropy, zero-shot: rho ([+-][\d.]+) .*?Holm ([\d.e-]+)\)", text)
     assert abs(float(ce.group(1))) < 0.4 and float(ce.group(2)) > 0.05
-    assert P.mechanism_section([]) == []
+    assert PM.mechanism_section([]) == []
