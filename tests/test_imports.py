@@ -20,9 +20,9 @@ PROBES_MAY_NOT = ("mechfact.llm", "mechfact.facts", "mechfact.memory", "mechfact
                   "mechfact.quickstart")
 
 
-def _modules() -> dict[str, Path]:
+def _modules(roots=(ROOT,)) -> dict[str, Path]:
     out = {}
-    for path in sorted(ROOT.rglob("*.py")):
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
         parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -31,17 +31,20 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+# the whole repository: the library, the studies, the examples, the benchmarks and the tests
+REPO_ROOTS = tuple(ROOT.parent / d for d in ("mechfact", "probes", "synthetic", "examples", "benchmarks", "tests"))
+REPO_MODULES = _modules(REPO_ROOTS)
 
 
-def _resolve(name: str) -> str | None:
+def _resolve(name: str, modules=MODULES) -> str | None:
     """The module ``name`` is, or the package whose attribute it is (``mechfact.llm.loading.load_model``)."""
-    while name and name not in MODULES:
+    while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None
 
 
-def _imports(module: str, path: Path) -> set[str]:
-    """The mechfact modules ``module`` imports anywhere in its source."""
+def _imports(module: str, path: Path, modules=MODULES) -> set[str]:
+    """The modules of ``modules`` (default: mechfact's) that ``module`` imports anywhere in its source."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -55,12 +58,13 @@ def _imports(module: str, path: Path) -> set[str]:
             else:
                 stem = node.module or ""
             names = [stem] + [f"{stem}.{a.name}" for a in node.names]  # `from . import x`: x may be a module
-            names = [n for n in names[1:] if n in MODULES] or [stem]
+            names = [n for n in names[1:] if n in modules] or [stem]
         else:
             continue
+        tops = {m.split(".")[0] for m in modules}
         for n in names:
-            if n.split(".")[0] == "mechfact":
-                target = _resolve(n)
+            if n.split(".")[0] in tops:
+                target = _resolve(n, modules)
                 if target and target != module:
                     out.add(target)
     return out
@@ -138,6 +142,14 @@ def test_no_module_cycle():
     assert not cycles, f"module cycles: {cycles}"
 
 
+def test_no_module_cycle_in_the_repository():
+    """The studies, examples, benchmarks and tests too (a page's module and the study it reads, for one)."""
+    graph = {m: _imports(m, p, REPO_MODULES) for m, p in REPO_MODULES.items()}
+    assert "probes.families" in graph["probes.results_llm"] and "synthetic.pool_runs" in graph["synthetic.results_pool"]
+    cycles = _cycles(graph)
+    assert not cycles, f"module cycles: {cycles}"
+
+
 @pytest.mark.parametrize("forbidden", PROBES_MAY_NOT)
 def test_probes_import_only_the_base(forbidden):
     bad = sorted(f"{m} -> {t}" for m, ts in GRAPH.items() if m.startswith("mechfact.probes")
@@ -172,3 +184,10 @@ def test_every_result_class_is_a_result_with_records_to_dict_and_summary():
         fields = {f.name for f in dataclasses.fields(cls)}
         assert "records" in fields or hasattr(cls, "records"), f"{where} has no records"
         assert callable(cls.to_dict) and callable(cls.summary), where
+
+
+def test_no_file_over_600_lines():
+    """A module that outgrows 600 lines holds two things: split it along its seam."""
+    long = sorted(f"{p.relative_to(ROOT.parent)}: {n}" for p in REPO_MODULES.values()
+                  if (n := len(p.read_text().splitlines())) > 600)
+    assert not long, f"over 600 lines: {long}"
