@@ -37,6 +37,32 @@ def test_every_registered_analysis_has_a_command_with_one_flag_per_option():
     assert kinds["exclude"] == "ints" and kinds["window"] == "int" and kinds["sever"] == "str"  # () and None
 
 
+EVERY = ("readout", "superposition", "intervene", "swap", "scores", "lre", "trace", "knockout", "attribute-rate",
+         "extraction", "attribution", "transfer", "selectivity")
+
+
+def test_every_analysis_has_its_probe_command():
+    """The 13 analyses each have `mechfact probe NAME` (the five hand-written and lre are run by
+    tests/test_probes_cli.py, tests/test_llm_cli.py and tests/test_llm_superposition.py; the registered ones below)."""
+    parser = build_parser()
+    probe = next(a for a in parser._actions if getattr(a, "choices", None) and "probe" in a.choices).choices["probe"]
+    names = next(a for a in probe._actions if getattr(a, "choices", None) and "knockout" in a.choices).choices
+    assert set(names) == set(EVERY)
+
+
+@pytest.mark.parametrize("name", sorted(set(EVERY) - {"readout", "superposition", "intervene", "swap", "scores",
+                                                       "lre"}))
+def test_every_registered_analysis_runs_from_its_command_on_a_fact_model(name, fact_run, tmp_path, one_thread):
+    out = tmp_path / name
+    # the default k = 50 is more than the 32 outputs; selectivity scores every fact
+    extra = {"attribute-rate": ["--k", "5", "--max-facts", "8"], "selectivity": []}.get(name, ["--max-facts", "8"])
+    assert main(["probe", name, "--model", str(fact_run), "--out", str(out), "--quiet", "--device", "cpu",
+                 *extra]) == 0
+    res = json.loads((out / "result.json").read_text())
+    assert res["analysis"] == name and res["summary"]
+    assert json.loads((out / "config.json").read_text())["kind"] == f"probe.{name}"
+
+
 def test_the_command_writes_what_the_api_computes_and_a_finished_folder_is_not_rerun(fact_run, tmp_path,
                                                                                      monkeypatch, one_thread):
     """`mechfact probe knockout` on a fact model: result.json's summary is the direct call's; the config holds

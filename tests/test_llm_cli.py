@@ -54,7 +54,7 @@ def test_bad_relation_file_exits_2(cmd, name, data, needle, env, tmp_path, capsy
     (["llm", "lre", "--model", "{model}", "--layer", "7"], "--layer 7: out of range"),
     (["llm", "lre", "--model", "{model}", "--layer", "2"], "below the last layer"),
     (["llm", "lre", "--model", "{model}", "--layers", "0,2"], "--layers 2: must be below the last layer"),
-    (["llm", "lre", "--model", "{model}", "--layers", "all"], "llm lre sweeps listed layers"),
+    (["llm", "lre", "--model", "{model}", "--layers", "all"], "lre sweeps listed layers"),
     (["llm", "lre", "--model", "{model}", "--layers", "0,1", "--layer", "1"], "give one of them"),
     (["llm", "probe", "--model", "{model}", "--relations", "/no/such/rels"], "no such file or folder"),
     (["llm", "probe", "--model", "{model}", "--relation-names", "nope"], "--relation-names nope"),
@@ -84,6 +84,16 @@ def test_cli_probe_and_lre_end_to_end(env, tmp_path, one_thread):
                  "--n-train", "2", "--facts", "all", "--rank", "8", "--out", str(out), "--quiet"]) == 0
     res = json.loads((out / "result.json").read_text())
     assert all({"relation", "n_known", "n_test", "faithfulness", "causality"} <= set(r) for r in res["per_relation"])
+
+
+def test_probe_lre_is_llm_lre(env, tmp_path, one_thread):
+    """`mechfact probe lre` runs `mechfact llm lre`: the same options give the same run folder's numbers."""
+    common = ["--model", env["model"], "--relations", env["relations"], "--relation-names", "tiny_colour", "--layer",
+              "1", "--trials", "2", "--ranks", "4,8", "--quiet"]
+    assert main(["llm", "lre", *common, "--out", str(tmp_path / "llm")]) == 0
+    assert main(["probe", "lre", *common, "--out", str(tmp_path / "probe")]) == 0
+    a, b = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("llm", "probe"))
+    assert a["per_relation"] and a["per_relation"] == b["per_relation"]
 
 
 def test_help(capsys):
@@ -132,7 +142,7 @@ def test_probe_intervene_and_scores_take_a_pretrained_folder(env, tmp_path, prob
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["probe", "superposition", "--model", "{model}"], "needs a synthetic fact model"),
+    (["probe", "swap", "--model", "{model}"], "needs a synthetic fact model"),
     (["probe", "readout", "--model", "/no/such/run"], "no such run directory"),
     (["probe", "readout", "--model", "{root}"], "neither a fact-model run directory"),
 ])

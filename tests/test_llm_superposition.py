@@ -158,3 +158,18 @@ def test_the_llm_config_has_its_own_name_and_the_old_one_warns():
     with pytest.warns(DeprecationWarning, match="now LlmSuperpositionConfig"):
         old = S.SuperpositionConfig
     assert old is S.LlmSuperpositionConfig and old is not FactConfig
+
+
+def test_probe_superposition_on_a_pretrained_model_is_llm_superposition(lm, tmp_path, monkeypatch, one_thread):
+    """`mechfact probe superposition --model <pretrained>` runs `mechfact llm superposition` (same numbers)."""
+    monkeypatch.setenv("MECHFACT_CACHE", str(tmp_path / "cache"))
+    rels = tmp_path / "rels"
+    rels.mkdir()
+    for r in _relations():
+        (rels / f"{r.name}.json").write_text(json.dumps(r.to_dict()))
+    common = ["--model", lm.name, "--relations", str(rels), "--layers", "0,2", "--folds", "4", "--n-null", "19",
+              "--quiet"]
+    assert main(["llm", "superposition", *common, "--out", str(tmp_path / "llm")]) == 0
+    assert main(["probe", "superposition", *common, "--out", str(tmp_path / "probe")]) == 0
+    a, b = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("llm", "probe"))
+    assert a["per_layer"] and a["per_layer"] == b["per_layer"]

@@ -48,6 +48,8 @@ def test_probe_commands_write_runs(run_dir, tmp_path, probe, extra, keys, one_th
     (["intervene", "--relations", "9"], "relation 9 is not in the queries"),
     (["readout", "--heldout", "1.5"], "--heldout"),
     (["readout", "--relations", "a,b"], "comma-separated integers"),
+    (["superposition", "--layers", "0,2"], "--layers apply to a pretrained --model"),
+    (["superposition", "--prompt", "words", "--relations", "r.json"], "--prompt, --relations apply to a pretrained"),
 ])
 def test_bad_input_exits_2(run_dir, tmp_path, capsys, argv, msg):
     if "--model" not in argv:

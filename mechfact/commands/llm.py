@@ -74,26 +74,8 @@ def readout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--padding", default="right", choices=PADDING)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default",
-                   help="hub name, local HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--relations", default=None,
-                   help="relation JSON file or folder of them (default: the shipped dataset)")
-    prompt_args(p)
-
-
-def register(subparsers) -> dict:
-    llm = subparsers.add_parser("llm", help="pretrained LLMs: readout, LRE, superposition, causal tracing")
-    sub = llm.add_subparsers(dest="llm_sub", required=True, parser_class=type(llm))
-
-    p = sub.add_parser("probe", help="layer-wise linear readout of the object from the subject state")
-    _model_args(p)
-    readout_args(p)
-    common_args(p)
-    executor_args(p)  # one job per relation; each Ray worker loads the model itself
-
-    p = sub.add_parser("lre", help="linear relational embeddings: faithfulness and causality")
-    _model_args(p)
+def lre_args(p: argparse.ArgumentParser) -> None:
+    """The options of the LRE (``mechfact llm lre``, ``mechfact probe lre``), after the model and prompt options."""
     p.add_argument("--layer", type=int, default=None, help="subject layer l (default: n_layers // 2, 15 for the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--layers", default=None,
                    help="sweep subject layers instead, e.g. 3,9,15 or 4-20 (each relation is reported at its best "
@@ -122,19 +104,11 @@ def register(subparsers) -> dict:
                         "only")
     p.add_argument("--ranks", default=None, help="authors: edit ranks swept, e.g. 16,64,256, or 'authors' for their "
                    "0,8,...,312 (about 7x the edits); default 16..256 and full, up to d_model")
-    common_args(p)
-    executor_args(p)  # one job per relation; each Ray worker loads the model itself
 
-    p = sub.add_parser("models", help="the packaged pretrained models: short name, installed or not, install line")
-    p.set_defaults(out=None, device="cpu", seed=0, threads=None, quiet=True, max_memory=None)
 
-    p = sub.add_parser("superposition", help="is a subject's state a superposition of its attributes under "
-                                             "several relations? (per layer, with controls)")
-    p.add_argument("--model", default="default",
-                   help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M-Instruct, Q4_1)")
-    p.add_argument("--relations", default=None,
-                   help="folder of relations that share subjects (default: mechfact/data/countries, 73 countries "
-                        "x 5 relations)")
+def superposition_args(p: argparse.ArgumentParser) -> None:
+    """The options of the superposition test on a pretrained model (``mechfact llm superposition``; ``mechfact probe
+    superposition`` on a pretrained ``--model``), after ``--model`` and ``--relations``."""
     p.add_argument("--relation-names", nargs="+", default=None, help="keep only these relations")
     p.add_argument("--layers", default="all", help="'all' or e.g. 0,4,8-12 (default all)")
     p.add_argument("--prompt", default="{}",
@@ -164,6 +138,43 @@ def register(subparsers) -> dict:
     placement_args(p)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--no-state-cache", action="store_true", help="do not read/write the hidden-state disk cache")
+
+
+def pretrained_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="hub name, local HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--relations", default=None,
+                   help="relation JSON file or folder of them (default: the shipped dataset)")
+    prompt_args(p)
+
+
+def register(subparsers) -> dict:
+    llm = subparsers.add_parser("llm", help="pretrained LLMs: readout, LRE, superposition, causal tracing")
+    sub = llm.add_subparsers(dest="llm_sub", required=True, parser_class=type(llm))
+
+    p = sub.add_parser("probe", help="layer-wise linear readout of the object from the subject state")
+    pretrained_model_args(p)
+    readout_args(p)
+    common_args(p)
+    executor_args(p)  # one job per relation; each Ray worker loads the model itself
+
+    p = sub.add_parser("lre", help="linear relational embeddings: faithfulness and causality")
+    pretrained_model_args(p)
+    lre_args(p)
+    common_args(p)
+    executor_args(p)  # one job per relation; each Ray worker loads the model itself
+
+    p = sub.add_parser("models", help="the packaged pretrained models: short name, installed or not, install line")
+    p.set_defaults(out=None, device="cpu", seed=0, threads=None, quiet=True, max_memory=None)
+
+    p = sub.add_parser("superposition", help="is a subject's state a superposition of its attributes under "
+                                             "several relations? (per layer, with controls)")
+    p.add_argument("--model", default="default",
+                   help="hub name, local HF folder, .gguf file or short name (default: the embedded SmolLM2-135M-Instruct, Q4_1)")
+    p.add_argument("--relations", default=None,
+                   help="folder of relations that share subjects (default: mechfact/data/countries, 73 countries "
+                        "x 5 relations)")
+    superposition_args(p)
     common_args(p)
 
     p = sub.add_parser("trace", help="causal tracing: where restoring one clean state brings a corrupted fact back")
@@ -221,7 +232,6 @@ def probe_config(a, model: str, relations: str | None):
 
 
 def _run_llm(a) -> None:
-    from ..llm import lre as L
     from ..llm import probe as P
 
     progress = not a.quiet
@@ -243,30 +253,41 @@ def _run_llm(a) -> None:
         with make_executor_from(a, "llm trace: relations") as executor:
             run_llm_trace(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress, executor=executor)
     elif a.llm_sub == "superposition":
-        from ..llm.superposition import LlmSuperpositionConfig, run_llm_superposition
-
-        cfg = LlmSuperpositionConfig(model=a.model, relations=a.relations, relation_names=a.relation_names,
-                                  layers=_layers(a.layers), prompt=a.prompt, attributes=a.attributes,
-                                  heldout_fraction=a.heldout, n_splits=a.splits, min_relations=a.min_relations,
-                                  dtype=a.dtype, batch_size=a.batch_size, cache_states=not a.no_state_cache,
-                                  standardize=a.standardize, folds=a.folds, n_null=a.n_null,
-                                  nuisance_pcs=a.nuisance_pcs, drop_massive=a.drop_massive)
-        run_llm_superposition(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress)
+        run_superposition(a)
     elif a.llm_sub == "probe":
         with make_executor_from(a, "llm probe: relations") as executor:
             P.run_llm_probe(probe_config(a, a.model, a.relations), a.out, device=a.device_obj, seed=a.seed,
                             progress=progress, executor=executor)
     else:
-        from ..llm.lre_authors import AUTHORS_RANKS
-
-        ranks = None if a.ranks is None else list(AUTHORS_RANKS) if a.ranks == "authors" else _layers(a.ranks)
-        layers = None if a.layers is None else _layers(a.layers)
-        if a.layers is not None and layers is None:
-            raise UsageError(f"--layers {a.layers}: llm lre sweeps listed layers, e.g. 3,9,15 or 4-20")
-        cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, layers=layers, beta=a.beta, rank=a.rank,
-                          n_train=a.n_train, facts=a.facts, max_test=a.max_test, protocol=a.protocol,
-                          n_trials=a.trials, max_causality=a.max_causality, ranks=ranks,
-                          **prompt_options(a))
-        with make_executor_from(a, "llm lre: relations") as executor:
-            L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=progress, executor=executor)
+        run_lre(a)
     print(f"results written to {a.out}")
+
+
+def run_superposition(a) -> None:
+    """``mechfact llm superposition`` (and ``mechfact probe superposition`` on a pretrained model)."""
+    from ..llm.superposition import LlmSuperpositionConfig, run_llm_superposition
+
+    cfg = LlmSuperpositionConfig(model=a.model, relations=a.relations, relation_names=a.relation_names,
+                                 layers=_layers(a.layers), prompt=a.prompt, attributes=a.attributes,
+                                 heldout_fraction=a.heldout, n_splits=a.splits, min_relations=a.min_relations,
+                                 dtype=a.dtype, batch_size=a.batch_size, cache_states=not a.no_state_cache,
+                                 standardize=a.standardize, folds=a.folds, n_null=a.n_null,
+                                 nuisance_pcs=a.nuisance_pcs, drop_massive=a.drop_massive)
+    run_llm_superposition(cfg, a.out, device=a.device_obj, seed=a.seed, progress=not a.quiet)
+
+
+def run_lre(a) -> None:
+    """``mechfact llm lre`` (and ``mechfact probe lre``)."""
+    from ..llm import lre as L
+    from ..llm.lre_authors import AUTHORS_RANKS
+
+    ranks = None if a.ranks is None else list(AUTHORS_RANKS) if a.ranks == "authors" else _layers(a.ranks)
+    layers = None if a.layers is None else _layers(a.layers)
+    if a.layers is not None and layers is None:
+        raise UsageError(f"--layers {a.layers}: llm lre sweeps listed layers, e.g. 3,9,15 or 4-20")
+    cfg = L.LreConfig(model=a.model, relations=a.relations, layer=a.layer, layers=layers, beta=a.beta, rank=a.rank,
+                      n_train=a.n_train, facts=a.facts, max_test=a.max_test, protocol=a.protocol,
+                      n_trials=a.trials, max_causality=a.max_causality, ranks=ranks,
+                      **prompt_options(a))
+    with make_executor_from(a, "llm lre: relations") as executor:
+        L.run_llm_lre(cfg, a.out, device=a.device_obj, seed=a.seed, progress=not a.quiet, executor=executor)

@@ -1,12 +1,13 @@
-"""``mechfact probe readout|superposition|intervene|swap|scores|NAME --model MODEL --out DIR``.
+"""``mechfact probe readout|superposition|intervene|swap|scores|lre|NAME --model MODEL --out DIR``.
 
-``NAME``: every analysis registered in :mod:`mechfact.analyses` (knockout, attribute-rate, extraction,
-attribution, transfer, selectivity), its flags generated from its declaration.
+``NAME``: every analysis registered in :mod:`mechfact.analyses` (trace, knockout, attribute-rate, extraction,
+attribution, transfer, selectivity), its flags generated from its declaration. ``lre`` is ``mechfact llm lre``
+and ``superposition`` on a pretrained model is ``mechfact llm superposition`` (same options, same run folders).
 
 ``--model`` is a fact-model run directory (``mechfact facts train|construct``) or a pretrained model (hub name,
 local Hugging Face folder, ``.gguf`` file, ``default``). On a pretrained model ``--relations`` is a relation
 file or folder and the prompt options of ``mechfact llm`` apply; ``readout`` then runs the layer-wise readout
-of ``mechfact llm probe`` (same code, same numbers). ``superposition`` and ``swap`` need a fact world.
+of ``mechfact llm probe`` (same code, same numbers). ``swap`` needs a fact world.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 
-from ._args import UsageError, common_args, finite_float
-from .llm import prompt_args, prompt_options, readout_args
+from ._args import UsageError, common_args, executor_args, finite_float
+from .llm import (lre_args, pretrained_model_args, prompt_args, prompt_options, readout_args,
+                  superposition_args)
 
-PROBES = ("readout", "superposition", "intervene", "swap", "scores")
+PROBES = ("readout", "superposition", "intervene", "swap", "scores", "lre")
+# the options of superposition that only a pretrained model takes, with their defaults (set in register)
+_LLM_SUPERPOSITION: dict[str, object] = {}
 
 
 def _relation_ids(text: str | None) -> list[int] | None:
@@ -56,10 +60,20 @@ def register(subparsers) -> dict:
     readout_args(p)
     common_args(p)
 
-    p = psub.add_parser("superposition", help="regress subject embeddings on their attribute vectors")
-    model_arg(p, pretrained=False)
-    p.add_argument("--heldout", type=finite_float, default=0.2, help="share of subjects held out (default 0.2)")
+    p = psub.add_parser("superposition", help="regress subject embeddings (fact model) or states (pretrained model, "
+                                             "per layer, with controls) on their attribute vectors")
+    model_arg(p)
+    superposition_args(p)  # --heldout for both; the rest for a pretrained model
+    _LLM_SUPERPOSITION.update({x.dest: x.default for x in p._actions
+                               if x.dest not in ("help", "model", "relations", "heldout")})
     common_args(p)
+
+    p = psub.add_parser("lre", help="linear relational embeddings (pretrained model): faithfulness and causality, "
+                                    "as `mechfact llm lre`")
+    pretrained_model_args(p)
+    lre_args(p)
+    common_args(p)
+    executor_args(p)
 
     p = psub.add_parser("intervene", help="selector-unit ablation, relation selectivity, relation-token swaps")
     model_arg(p)
@@ -139,12 +153,28 @@ def _run(a) -> None:
     from ..targets import check_target
     from . import probe_runs as ex
 
+    from .llm import run_lre, run_superposition
+
     kw = {"device": a.device_obj, "seed": a.seed}
+    if a.probe_kind == "lre":
+        run_lre(a)
+        print(f"results written to {a.out}")
+        return
     fact = check_target(a.model) == "fact"
     relations = getattr(a, "relations", None)
-    if not fact and a.probe_kind in ("superposition", "swap"):
+    if not fact and a.probe_kind == "swap":
         raise UsageError(f"probe {a.probe_kind} needs a synthetic fact model (world.json); --model {a.model} is "
                          "a pretrained model")
+    if not fact and a.probe_kind == "superposition":
+        run_superposition(a)
+        print(f"results written to {a.out}")
+        return
+    if fact and a.probe_kind == "superposition":
+        changed = [k for k, v in _LLM_SUPERPOSITION.items() if getattr(a, k) != v]
+        if changed or relations is not None:
+            flags = ["--" + k.replace("_", "-") for k in changed] + (["--relations"] if relations else [])
+            raise UsageError(f"probe superposition: {', '.join(flags)} apply to a pretrained --model; a fact model "
+                             "takes --heldout only")
     prompts = {} if fact else {"relations": relations, **prompt_options(a)}
     prompts.pop("batch_size", None), prompts.pop("cache_states", None)
     if a.probe_kind == "readout":
