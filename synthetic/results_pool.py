@@ -277,44 +277,81 @@ def _power_line(recs: list[dict]) -> list[str]:
     return [text + ".", ""]
 
 
+BUDGETS = ("_8k", "_32k")  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
+
+
 def _budget_section(src: Path, base: list[dict]) -> list[str]:
-    """Section 1a: d* with 4x the steps (the pool_N*_8k parts) beside the 2000-step d* of the same worlds and
-    seeds (nothing without)."""
+    """Section 1a: d* as a function of the step budget: the 2000-step d* of section 1 beside the same worlds and
+    seeds at 4x and 16x the steps (the pool_N*_8k and pool_N*_32k parts); a seed's threshold has converged for
+    this schedule where the two largest budgets give the same d* (nothing without budget parts)."""
     from mechfact.runs import read_json
 
-    recs, parts = pool_thresholds(src, "d", "_8k")
-    if not recs:
+    ladder: dict[tuple, dict[int, dict]] = {}  # (N, R, A, seed) -> {steps: record}
+    grids: dict[int, dict[int, list]] = {}  # steps -> {N: grid}
+    parts = []
+    for suffix in BUDGETS:
+        recs, names = pool_thresholds(src, "d", suffix)
+        parts += names
+        for name in names:
+            c = read_json(src / "capacity" / name / "config.json")["config"]
+            n = int(name.split("_")[1][1:])  # pool_N<N><suffix>: one part per N
+            grids.setdefault(c["train"]["steps"], {})[n] = (c["grid"], c.get("scan", "bisect"))
+            for t in recs:
+                if t["subjects"] == n:
+                    ladder.setdefault((t["subjects"], t["relations"], t["attributes"], t["seed"]), {})[
+                        c["train"]["steps"]] = t
+    if not ladder:
         return []
-    cfgs = {p: read_json(src / "capacity" / p / "config.json")["config"] for p in parts}
-    steps = {p: c["train"]["steps"] for p, c in cfgs.items()}
-    grids = {p: c["grid"] for p, c in cfgs.items()}
-    two_k = {(t["subjects"], t["relations"], t["attributes"], t["seed"]): t["threshold"] for t in base}
-    lines = ["| N | R | A | grid | d* per seed, 2000 steps | d* per seed, " + "/".join(f"{v}" for v in sorted(set(
-        steps.values()))) + " steps | moved |", "|---|---|---|---|---|---|---|"]
-    cells: dict[tuple, list] = {}
-    part_of_n = {int(p.split("_")[1][1:]): p for p in parts}  # pool_N<N>_8k: one part per N
-    for t in recs:  # pool_thresholds' records: trainable, searched d
-        cells.setdefault((t["subjects"], t["relations"], t["attributes"], part_of_n[t["subjects"]]), []).append(t)
-    for (n, r, a, p), ts in sorted(cells.items()):
-        ts = sorted(ts, key=lambda t: t["seed"])
-        short = [two_k.get((n, r, a, t["seed"])) for t in ts]
-        lo = min(grids[p])
+    for t in base:
+        key = (t["subjects"], t["relations"], t["attributes"], t["seed"])
+        if key in ladder:
+            ladder[key][2000] = t
+    budgets = sorted({b for v in ladder.values() for b in v} | {2000})
 
-        def shown(t):
-            if t["threshold"] is None:
-                return f"> {max(grids[p])}"
-            return f"<= {lo}" if t.get("at_grid_min") else str(t["threshold"])
+    def at_min(t: dict, steps: int, n: int) -> bool:  # reached at the grid's smallest value: d* <= it
+        grid = grids.get(steps, {}).get(n, ([], ""))[0]
+        return bool(t.get("at_grid_min")) or (t["threshold"] is not None and bool(grid)
+                                               and t["threshold"] == min(grid))
 
-        moved = sum(1 for t, b in zip(ts, short) if b is not None and t["threshold"] is not None
-                    and t["threshold"] < b)
-        lines.append(f"| {n} | {r} | {a} | {', '.join(map(str, grids[p]))} | "
-                     f"{', '.join('—' if b is None else str(b) for b in short)} | {', '.join(map(shown, ts))} | "
-                     f"{moved} of {len(ts)} seeds lower |")
+    def shown(t: dict | None, steps: int, n: int) -> str:
+        if t is None:
+            return "not run"
+        grid = grids.get(steps, {}).get(n, ([], ""))[0]
+        if t["threshold"] is None:
+            return f"> {max(grid)}" if grid else "not reached"
+        return f"<= {t['threshold']}" if at_min(t, steps, n) else str(t["threshold"])
+
+    settings: dict[tuple, list] = {}
+    for (n, r, a, seed) in sorted(ladder):
+        settings.setdefault((n, r, a), []).append(seed)
+    lines = ["| N | R | A | " + " | ".join(f"d* per seed, {b} steps" for b in budgets)
+             + f" | {budgets[-2]} and {budgets[-1]} steps agree |", "|---|---|---|" + "---|" * (len(budgets) + 1)]
+    verdicts = []
+    for (n, r, a), seeds in settings.items():
+        cells = [", ".join(shown(ladder[(n, r, a, s)].get(b), b, n) for s in seeds) for b in budgets]
+        pairs = [(ladder[(n, r, a, s)].get(budgets[-2]), ladder[(n, r, a, s)].get(budgets[-1])) for s in seeds]
+        decided = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
+                   and y["threshold"] is not None and not at_min(x, budgets[-2], n)
+                   and not at_min(y, budgets[-1], n)]
+        same = sum(x["threshold"] == y["threshold"] for x, y in decided)
+        agree = f"{same} of {len(seeds)} seeds" + ("" if len(decided) == len(seeds) else
+                                                    f" ({len(seeds) - len(decided)} not decided)")
+        lines.append(f"| {n} | {r} | {a} | " + " | ".join(cells) + f" | {agree} |")
+        if decided:
+            last = sorted(y["threshold"] for _, y in decided)
+            verdicts.append(f"N = {n}, R = {r}, A = {a}: " + (
+                f"converged at d* = {', '.join(map(str, last))} ({budgets[-1]} steps)" if same == len(seeds) else
+                f"not converged: {len(seeds) - same} of {len(seeds)} seeds still move between {budgets[-2]} and "
+                f"{budgets[-1]} steps (d* {', '.join(map(str, last))} at {budgets[-1]})"))
+    scans = [f"{b} steps: {'ascending scan' if sc == 'ascending' else 'bisection'} over {', '.join(map(str, g))} "
+             f"(N = {n})" for b, by_n in sorted(grids.items()) for n, (g, sc) in sorted(by_n.items())]
     return ["### The step budget", "",
             f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the same worlds and seeds "
-            "with 4x the steps (same schedule stretched, still stopped at 99%), on a grid that starts below the "
-            "2000-step thresholds. `<= g`: reached at the grid's smallest value (the threshold is at most g).", "",
-            *lines, ""]
+            f"with {' and '.join(f'{b // 2000}x' for b in budgets[1:])} the steps (the same warm-up and cosine schedule stretched, still stopped at 99%), on "
+            "grids that start below the 2000-step thresholds (" + "; ".join(scans) + "). `<= g`: reached at the "
+            "grid's smallest value (the threshold is at most g); `> g`: never reached. A threshold has converged "
+            "for this schedule where the two largest budgets give the same d*.", "",
+            *lines, "", *[f"- {v}." for v in verdicts], ""]
 
 
 def _width_section(src: Path) -> list[str]:
