@@ -77,6 +77,7 @@ print("PEAK", status("VmHWM") - base)
     return float(out.stdout.split("PEAK")[-1])
 
 
+@pytest.mark.slow  # trains to measure the peak
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs /proc to measure memory")
 def test_memory_trainer_estimate_within_2x_of_the_measured_peak():
     """On the decoupled problem, whose dense competitors dominate the peak. (The original problem's CPU peak is
@@ -90,6 +91,7 @@ def test_memory_trainer_estimate_within_2x_of_the_measured_peak():
     assert est / 2 <= got <= est * 2, (est, got)
 
 
+@pytest.mark.slow  # trains to measure the peak
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs /proc to measure memory")
 def test_fact_trainer_estimate_within_2x_of_the_measured_peak():
     from mechfact.facts.model import FactModelConfig

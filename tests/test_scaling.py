@@ -37,6 +37,7 @@ def _same_results(a: Path, b: Path) -> None:
     assert (a / "config.json").read_bytes() == (b / "config.json").read_bytes()
 
 
+@pytest.mark.slow  # starts Ray workers: tens of seconds
 @pytest.mark.parametrize("argv", [SWEEP, CAPACITY, MULTIHOP], ids=["memory-sweep", "memory-capacity", "facts-multihop"])
 def test_ray_gives_the_local_result_byte_for_byte(argv, tmp_path):
     """Same config and seed: --executor ray --workers 2 writes the same result.json as the local executor
@@ -51,6 +52,7 @@ def test_ray_gives_the_local_result_byte_for_byte(argv, tmp_path):
     assert any(result.get(k) for k in ("points", "capacity")), result
 
 
+@pytest.mark.slow  # starts Ray workers: tens of seconds
 def test_a_failing_ray_job_is_reported_in_one_line(tmp_path):
     """A job that raises (training diverges) ends the command with exit 2 and one line naming the job."""
     out = tmp_path / "o"
@@ -92,6 +94,7 @@ def test_a_killed_ray_driver_resumes(tmp_path):
     _same_results(tmp_path / "local", out)
 
 
+@pytest.mark.slow  # starts Ray workers: tens of seconds
 def test_ray_executor_hands_over_every_finished_job_before_the_error():
     """In-process API: the failing job is named, and every other job's result still reaches on_result."""
     ex = RayExecutor(workers=2, progress=False)
@@ -106,6 +109,7 @@ def test_ray_executor_hands_over_every_finished_job_before_the_error():
     assert got == {f"ok{i}": i * i for i in range(5)}
 
 
+@pytest.mark.slow  # starts Ray workers: tens of seconds
 def test_local_ray_workers_get_one_thread_and_the_driver_keeps_its_environment(monkeypatch):
     """The thread settings reach the workers through the local runtime's environment, and the driver's own
     environment is as it was before the start."""
@@ -248,6 +252,7 @@ def test_bad_device_map_exits_2(value, needle, tiny, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and needle in err, err
 
 
+@pytest.mark.slow  # starts Ray workers: tens of seconds
 @pytest.mark.parametrize("command", ["lre", "probe"])
 def test_llm_relations_on_ray_equal_the_local_run(command, tmp_path):
     """`llm lre|probe --executor ray`: one task per relation, each worker loading the model itself; the driver

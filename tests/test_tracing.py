@@ -216,11 +216,10 @@ def test_token_replacement_finds_the_same_places_on_the_construction(constructio
     assert all(f.scores.shape == (2, 2) for f in res.facts) and len(res.records) == 30 * 6 * 2
 
 
-def test_trace_command_refuses_bad_input_with_one_line(tiny_llama, tmp_path):
-    import subprocess
-    import sys
-
+def test_trace_command_refuses_bad_input_with_one_line(tiny_llama, tmp_path, capsys):
     import json
+
+    from mechfact.cli import main
 
     lm, rels = tiny_llama
     folder = str(tmp_path / "m")
@@ -233,10 +232,10 @@ def test_trace_command_refuses_bad_input_with_one_line(tiny_llama, tmp_path):
              (["--relation-names", "country_capital", "--window", "99"], "--window 99: larger than the depth"),
              (["--kinds", "resid"], "kinds")]
     for argv, msg in cases:
-        out = subprocess.run([sys.executable, "-m", "mechfact.cli", "llm", "trace", *argv, "--out", folder,
-                              "--quiet"], capture_output=True, text=True, timeout=600)
-        assert out.returncode == 2 and msg in out.stderr, (argv, out.returncode, out.stderr[-500:])
-        assert len(out.stderr.strip().splitlines()) <= 2, out.stderr  # usage line + the error, no traceback
+        code = main(["llm", "trace", *argv, "--out", folder, "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and msg in err, (argv, code, err[-500:])
+        assert len(err.strip().splitlines()) <= 2, err  # usage line + the error, no traceback
     assert not (tmp_path / "m" / "result.json").exists()
 
 
