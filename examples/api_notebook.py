@@ -1,6 +1,7 @@
-"""Writes examples/api_walkthrough.ipynb from docs/api.md: each prose paragraph a markdown cell, each Python block
-a code cell, in the page's order (the page's blocks are run in order by the test suite, so the notebook runs as
-the page does). Rerun after editing docs/api.md:
+"""Writes the notebooks from their pages: examples/api_walkthrough.ipynb from docs/api.md and docs/tutorial.ipynb
+from docs/tutorial.md. Each prose paragraph a markdown cell, each Python block a code cell, in the page's order
+(the test suite runs the pages' blocks in order, and the tutorial notebook's cells themselves). Rerun after
+editing a page:
 
     python examples/api_notebook.py
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "api.md"
 NOTEBOOK = ROOT / "examples" / "api_walkthrough.ipynb"
+PAGES = {DOC: NOTEBOOK, ROOT / "docs" / "tutorial.md": ROOT / "docs" / "tutorial.ipynb"}  # page -> its notebook
 
 
 def cells(text: str) -> list[dict]:
@@ -45,5 +47,6 @@ def render(text: str) -> str:
 
 
 if __name__ == "__main__":
-    NOTEBOOK.write_text(render(DOC.read_text()))
-    print(f"{NOTEBOOK.relative_to(ROOT)} written from {DOC.relative_to(ROOT)}")
+    for doc, nb in PAGES.items():
+        nb.write_text(render(doc.read_text()))
+        print(f"{nb.relative_to(ROOT)} written from {doc.relative_to(ROOT)}")
