@@ -101,21 +101,12 @@ def test_the_tutorial_notebook_runs_and_prints_what_its_probes_find(tmp_path):
     (superposition R^2 and zero-shot swap high, the shuffled control at zero); SmolLM2's trace has a total
     effect."""
     import json
-    import os
-    import subprocess
-    import sys
+
+    from fresh_process import run_fresh
 
     nb = json.loads((ROOT / "docs" / "tutorial.ipynb").read_text())
-    script = tmp_path / "tutorial.py"
-    script.write_text("\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"))
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900, cwd=cwd,
-                         env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert list(cwd.iterdir()) == []
-    text = out.stdout
+    text = run_fresh("\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"), tmp_path,
+                     "tutorial", timeout=900)
     assert float(re.search(r"superposition R\^2 held-out ([\d.-]+)", text).group(1)) >= 0.9, text
     assert abs(float(re.search(r"shuffled control ([\d.-]+)", text).group(1))) <= 0.1, text
     assert float(re.search(r"zero-shot swap ([\d.]+)", text).group(1)) >= 0.9, text

