@@ -42,6 +42,21 @@ def test_the_install_is_the_tested_one_and_the_declared_ranges_hold_it():
         assert req.name.lower() in pins, f"{req.name} is declared but constraints.txt does not pin it"
         assert req.specifier.contains(pins[req.name.lower()]), (req, pins[req.name.lower()])
     assert not any(s.operator == "==" for req in declared for s in req.specifier), "pyproject pins exactly"
+    # the test matrix: constraints-bounds.txt (CI's second environment) pins the other end of torch and
+    # transformers, every one of its pins in range too; each declared lower bound is a tested version
+    bounds = dict(line.split("==") for line in (ROOT / "constraints-bounds.txt").read_text().splitlines()
+                  if line.strip() and not line.startswith("#"))
+    assert "pip install -q --disable-pip-version-check -e . -c constraints-bounds.txt" in (ROOT / ".ci/run").read_text()
+    for req in declared:
+        if req.name.lower() in bounds:
+            assert req.specifier.contains(bounds[req.name.lower()]), (req, bounds[req.name.lower()])
+    for name in ("torch", "transformers"):
+        req = next(r for r in declared if r.name.lower() == name)
+        from packaging.version import Version
+
+        lower = Version(next(s.version for s in req.specifier if s.operator == ">="))
+        assert lower in (Version(pins[name]), Version(bounds[name])) and pins[name] != bounds[name], \
+            (req, pins[name], bounds[name])
 
 
 @pytest.mark.slow
