@@ -91,6 +91,10 @@ PARTS: dict[str, list[str]] = {
                           "attributes", "--grid", *grid, "--scan", "ascending", "--steps", "32000", *COS, "--seeds",
                           "3"]
        for N, grid in ((256, "6 7 8 9 10 12".split()), (1024, "10 11 12 13 14 16".split()))},
+    # 64x the steps at N = 256 (d* 12 -> 10 -> 9 over 2000 / 8000 / 32000 steps): does it stop at 9?
+    "pool_N256_128k": ["capacity", "--subjects", "256", "--relations", "8", "--attributes", "64", "--outputs",
+                       "attributes", "--grid", "7", "8", "9", "--scan", "ascending", "--steps", "128000", *COS,
+                       "--seeds", "3"],
     # the same worlds with fixed entity embeddings: the MLP width m* at d = 16. trainable: the embeddings can store
     # the facts; frozen-input: the subjects' input embeddings fixed, the A-way unembedding and the MLP learn (with
     # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed. Every width in

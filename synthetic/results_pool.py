@@ -277,7 +277,7 @@ def _power_line(recs: list[dict]) -> list[str]:
     return [text + ".", ""]
 
 
-BUDGETS = ("_8k", "_32k")  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
+BUDGETS = ("_8k", "_32k", "_128k")  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
 
 
 def _budget_section(src: Path, base: list[dict]) -> list[str]:
