@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from mechfact import hooks  # noqa: E402
 from mechfact.llm import jacobian as jac  # noqa: E402
-from mechfact.llm.loading import load_model  # noqa: E402
+from mechfact.llm.models.loading import load_model  # noqa: E402
 from mechfact.llm.prompts import build_prompts  # noqa: E402
 from mechfact.llm.relations import load_relations  # noqa: E402
 from mechfact.probes.queries import StopForward  # noqa: E402

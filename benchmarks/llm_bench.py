@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from mechfact import hooks  # noqa: E402
 from mechfact.device import resolve_device  # noqa: E402
-from mechfact.llm.loading import DEFAULT_MODEL, embedded_model_dir, load_model  # noqa: E402
+from mechfact.llm.models.loading import DEFAULT_MODEL, embedded_model_dir, load_model  # noqa: E402
 from mechfact.llm.prompts import probe_set  # noqa: E402
 from mechfact.llm.relations import load_relations  # noqa: E402
 from mechfact.probes.queries import Site, collect, pad_batch  # noqa: E402

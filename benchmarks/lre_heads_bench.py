@@ -5,7 +5,7 @@ differ only from their subject on. Prints, measured side by side in one run (sam
 thread count, interleaved repeats, medians):
   1. the states a trial needs (subject state at the middle layer, last-layer state at the last token, greedy
      next token) of every prompt: each prompt run whole (``collect``, what a researcher would write) against
-     ``mechfact.llm.shared_heads.states_shared`` (the shared head once, the tails batched over its cache):
+     ``mechfact.llm.lre.shared_prefix.states_shared`` (the shared head once, the tails batched over its cache):
      time ratio, largest state difference, whether every next token agrees;
   2. the causality edits (one prompt, its subject state replaced by 12 vectors: 6 ranks x 2 edits, as a trial
      runs them): the prompt's prefix up to the subject's last token computed per edit (``edited_logits``
@@ -32,11 +32,11 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from mechfact import hooks  # noqa: E402
-from mechfact.llm.loading import DEFAULT_MODEL, load_model  # noqa: E402
-from mechfact.llm.lre_operator import edited_logits  # noqa: E402
+from mechfact.llm.models.loading import DEFAULT_MODEL, load_model  # noqa: E402
+from mechfact.llm.lre.operator import edited_logits  # noqa: E402
 from mechfact.llm.prompts import build_prompts  # noqa: E402
 from mechfact.llm.relations import load_relation_file, load_relations  # noqa: E402
-from mechfact.llm.shared_heads import Heads, head_of, states_shared  # noqa: E402
+from mechfact.llm.lre.shared_prefix import Heads, head_of, states_shared  # noqa: E402
 from mechfact.probes.queries import ProbeSet, Site, collect  # noqa: E402
 
 

@@ -37,8 +37,8 @@ __version__ = "0.1.0"
 # public name -> (module, attribute)
 _EXPORTS: dict[str, tuple[str, str]] = {
     # pretrained models and relations
-    "load_model": ("mechfact.llm.loading", "load_model"),
-    "LanguageModel": ("mechfact.llm.language_model", "LanguageModel"),
+    "load_model": ("mechfact.llm.models.loading", "load_model"),
+    "LanguageModel": ("mechfact.llm.models.language_model", "LanguageModel"),
     "Relation": ("mechfact.llm.relations", "Relation"),
     "load_relations": ("mechfact.llm.relations", "load_relations"),
     "probe_set": ("mechfact.llm.prompts", "probe_set"),

@@ -8,7 +8,7 @@ world or relations into the facts they run on.
 * a :class:`~mechfact.facts.world.FactWorld` (with its :class:`~mechfact.facts.model.FactModel`): the single-hop
   queries ``[s, r]`` the model answers correctly; ``replace`` swaps in other subjects (one token each);
 * relations (a :class:`~mechfact.llm.relations.Relation`, a list, a file or folder; with a
-  :class:`~mechfact.llm.loading.LanguageModel`): the facts the model knows, zero-shot by default
+  :class:`~mechfact.llm.models.loading.LanguageModel`): the facts the model knows, zero-shot by default
   (:func:`mechfact.llm.trace.relation_queries`).
 """
 

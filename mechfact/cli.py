@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         set_max_memory(args.max_memory)
         if getattr(args, "device_map", None) is not None or getattr(args, "offload_folder", None) is not None:
-            from .llm.loading import set_placement
+            from .llm.models.loading import set_placement
 
             set_placement(args.device_map, args.offload_folder)
         flush_denormals()  # confident softmaxes and L2-decayed weights are denormal: ~10x slower on CPU

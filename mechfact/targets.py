@@ -179,7 +179,7 @@ def load_target(spec: str | os.PathLike, device: str | torch.device = "cpu", **p
     """``(model, world_or_None, probe_set)`` for ``mechfact probe ... --model spec``.
 
     A fact-model run directory gives its FactModel, FactWorld and single-hop queries. Anything else is a
-    pretrained model (:func:`mechfact.llm.loading.load_model`: hub name, local Hugging Face folder, ``.gguf``
+    pretrained model (:func:`mechfact.llm.models.loading.load_model`: hub name, local Hugging Face folder, ``.gguf``
     file, ``default``) with the prompts of ``prompts`` (:func:`mechfact.llm.prompts.probe_set` options:
     ``relations``, ``relation_names``, ``k_shot``, ``template``, ``max_samples``, ``seed``, ``dtype``).
     """
@@ -188,7 +188,7 @@ def load_target(spec: str | os.PathLike, device: str | torch.device = "cpu", **p
     if check_target(spec) == "fact":
         model, world = load_fact_run(spec, device=device)
         return model.eval(), world, ProbeSet.from_world(world)
-    from .llm.loading import load_model
+    from .llm.models.loading import load_model
     from .llm.prompts import probe_set
     from .llm.relations import load_relations
 

@@ -307,7 +307,7 @@ def _kept(folders: list[Path]) -> list[tuple[str, int, int]]:
     """(relation, finished trials, trials asked for) of each relation the folders keep part way (its trial
     checkpoint; an unreadable one left out)."""
     from mechfact.llm.lre import TRIALS_DIR
-    from mechfact.llm.lre_authors import trials_kept
+    from mechfact.llm.lre.protocol_authors import trials_kept
 
     kept = [trials_kept(f) for folder in folders for f in sorted((folder / TRIALS_DIR).glob("*.npz"))]
     return [k for k in kept if k is not None]

@@ -56,7 +56,7 @@ def run_model(model: str, out: Path, max_facts: int, seed: int = 0) -> None:
     import torch
 
     import mechfact
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
     from mechfact.llm.relations import as_relations
     from mechfact.runs import write_json_atomic
 

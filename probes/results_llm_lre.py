@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mechfact.llm import lre_authors
+from mechfact.llm.lre import protocol_authors as lre_authors
 from probes.families import COLORS, LRE_LAYER, MODELS, PARTS, PUBLISHED, TRIALS24, _read
 
 

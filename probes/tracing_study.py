@@ -54,7 +54,7 @@ def _read(path: Path):
 
 
 def _installed(model: str) -> bool:
-    from mechfact.llm.registry import status
+    from mechfact.llm.models.registry import status
 
     ok = {r["name"]: r["installed"] for r in status()}.get(model, False)
     if not ok:
@@ -143,14 +143,14 @@ def _pct(x, ci=None) -> str:
 
 
 def _label(m: str) -> str:
-    from mechfact.llm.registry import label
+    from mechfact.llm.models.registry import label
 
     return label(m)
 
 
 def models_legend(models=MODELS) -> str:
     """One line per packaged model: its short name (as the page's tables print it) and what it is exactly."""
-    from mechfact.llm.registry import MODELS as PACKAGED
+    from mechfact.llm.models.registry import MODELS as PACKAGED
 
     return "Models (short name: family, size, base / instruct, the GGUF quantisation its weights were dequantised " \
            "from, run in float32):\n\n" + "\n".join(f"- `{m}`: {_label(m)}; {PACKAGED[m].note}" for m in models) + "\n"

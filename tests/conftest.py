@@ -98,7 +98,7 @@ def tiny(tmp_path_factory):
     import torch
 
     from llm_tiny import FAMILIES, build_model, write_relations
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     root = tmp_path_factory.mktemp("tiny_llms")
     n = torch.get_num_threads()

@@ -132,7 +132,8 @@ print(matplotlib.get_backend(), len(plt.get_fignums()))
 
 def test_load_model_without_arguments_is_the_embedded_model(monkeypatch):
     """None, "default" and the short name name one packaged model (resolved before any path lookup)."""
-    from mechfact.llm import loading, registry
+    from mechfact.llm.models import loading
+    from mechfact.llm.models import registry
 
     seen = []
     monkeypatch.setattr(registry, "model_dir", lambda m: seen.append(m.name) or (_ for _ in ()).throw(ValueError("x")))

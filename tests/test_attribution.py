@@ -103,7 +103,7 @@ def test_result_layout(construction, world_queries, one_thread):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     root = tmp_path_factory.mktemp("atp_tiny")
     n = torch.get_num_threads()

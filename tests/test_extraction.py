@@ -129,7 +129,7 @@ def test_random_weights_store_no_attributes(construction, one_thread):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     root = tmp_path_factory.mktemp("extraction_tiny")
     n = torch.get_num_threads()

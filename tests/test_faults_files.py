@@ -123,7 +123,7 @@ def fake_gguf(shared, tmp_path, monkeypatch):
     """convert_gguf with the GGUF reader replaced by the tiny HF model (counts its calls)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mechfact.llm import gguf as loading  # the GGUF reader convert_gguf calls lives in mechfact.llm.gguf
+    from mechfact.llm.models import gguf as loading
 
     calls = []
 
@@ -139,7 +139,7 @@ def fake_gguf(shared, tmp_path, monkeypatch):
 
 
 def test_converted_cache_has_a_manifest_and_is_reused(fake_gguf, tmp_path):
-    from mechfact.llm.loading import MANIFEST, check_converted, convert_gguf
+    from mechfact.llm.models.loading import MANIFEST, check_converted, convert_gguf
 
     src, calls = fake_gguf
     dest = tmp_path / "models" / "Tiny-fp32"
@@ -155,7 +155,7 @@ def test_converted_cache_has_a_manifest_and_is_reused(fake_gguf, tmp_path):
 @pytest.mark.parametrize("damage", ["truncate_weights", "delete_tokenizer", "flip_byte", "no_manifest_partial",
                                     "bad_manifest"])
 def test_a_damaged_converted_cache_is_rebuilt(fake_gguf, tmp_path, caplog, damage):
-    from mechfact.llm.loading import MANIFEST, check_converted, convert_gguf
+    from mechfact.llm.models.loading import MANIFEST, check_converted, convert_gguf
 
     src, calls = fake_gguf
     dest = tmp_path / "models" / "Tiny-fp32"
@@ -177,7 +177,7 @@ def test_a_damaged_converted_cache_is_rebuilt(fake_gguf, tmp_path, caplog, damag
     else:
         (dest / MANIFEST).write_text("{ not json")
     assert check_converted(dest) is not None
-    with caplog.at_level(logging.WARNING, logger="mechfact.llm.loading"):
+    with caplog.at_level(logging.WARNING, logger="mechfact.llm.models.loading"):
         convert_gguf(src, dest)
     assert len(calls) == 2
     assert str(dest) in caplog.text and "damaged" in caplog.text
@@ -185,7 +185,7 @@ def test_a_damaged_converted_cache_is_rebuilt(fake_gguf, tmp_path, caplog, damag
 
 
 def test_touched_but_unchanged_converted_cache_is_kept(fake_gguf, tmp_path):
-    from mechfact.llm.loading import MANIFEST, check_converted, convert_gguf
+    from mechfact.llm.models.loading import MANIFEST, check_converted, convert_gguf
 
     src, calls = fake_gguf
     dest = tmp_path / "models" / "Tiny-fp32"
@@ -199,7 +199,7 @@ def test_touched_but_unchanged_converted_cache_is_kept(fake_gguf, tmp_path):
 
 
 def test_a_complete_cache_of_an_older_mechfact_is_adopted(fake_gguf, shared, tmp_path):
-    from mechfact.llm.loading import MANIFEST, check_converted, convert_gguf
+    from mechfact.llm.models.loading import MANIFEST, check_converted, convert_gguf
 
     src, calls = fake_gguf
     dest = tmp_path / "models" / "Tiny-fp32"
@@ -212,7 +212,7 @@ def test_a_complete_cache_of_an_older_mechfact_is_adopted(fake_gguf, shared, tmp
 def test_model_dir_rebuilds_a_damaged_conversion(fake_gguf, tmp_path, monkeypatch):
     import hashlib
 
-    from mechfact.llm import registry
+    from mechfact.llm.models import registry
 
     src, calls = fake_gguf
     monkeypatch.setenv("MECHFACT_CACHE", str(tmp_path / "cache"))
@@ -225,7 +225,7 @@ def test_model_dir_rebuilds_a_damaged_conversion(fake_gguf, tmp_path, monkeypatc
     (dest / "model.safetensors").write_bytes(b"")
     assert registry.model_dir(m) == dest and len(calls) == 2  # rebuilt
     assert (dest / "source.json").is_file()
-    from mechfact.llm.loading import check_converted
+    from mechfact.llm.models.loading import check_converted
 
     assert check_converted(dest) is None
 
@@ -233,7 +233,7 @@ def test_model_dir_rebuilds_a_damaged_conversion(fake_gguf, tmp_path, monkeypatc
 # ---- loaders ------------------------------------------------------------------------------------------------
 
 def test_check_safetensors_accepts_a_whole_file_and_refuses_one_byte_less(shared, tmp_path):
-    from mechfact.llm.loading import check_safetensors
+    from mechfact.llm.models.loading import check_safetensors
     from mechfact.runs import CorruptFile
 
     f = Path(shared["model"]) / "model.safetensors"
@@ -287,7 +287,7 @@ def test_fact_run_loading_names_the_file_through_the_api(tmp_path):
 
 def test_a_failed_load_is_traced_to_the_damaged_file(shared, tmp_path):
     """What a hub snapshot (checked only when its loading fails) gets: the damaged file, named."""
-    from mechfact.llm.loading import _diagnose
+    from mechfact.llm.models.loading import _diagnose
 
     folder = tmp_path / "snapshot"
     shutil.copytree(shared["model"], folder)

@@ -38,7 +38,7 @@ def test_fact_model_trains_on_cuda(tmp_path):
 
 
 def test_llm_states_on_cuda_match_cpu():
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     cpu, gpu = load_model("default", device="cpu"), load_model("default", device="cuda")
     toks = cpu.tokenizer(["The capital of France is"], return_tensors="pt").input_ids

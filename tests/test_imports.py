@@ -37,7 +37,7 @@ REPO_MODULES = _modules(REPO_ROOTS)
 
 
 def _resolve(name: str, modules=MODULES) -> str | None:
-    """The module ``name`` is, or the package whose attribute it is (``mechfact.llm.loading.load_model``)."""
+    """The module ``name`` is, or the package whose attribute it is (``mechfact.llm.models.loading.load_model``)."""
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None

@@ -41,7 +41,7 @@ def load_tiny(folder, dtype=torch.float32):
     biases) moved by N(0, 0.3) -- the same for every dtype -- booted through mechfact.load_model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     g = torch.Generator().manual_seed(11)
@@ -252,7 +252,7 @@ def _real_prompt(lm):
 @pytest.mark.parametrize("name", ["default", "gemma3-270m"])
 def test_packaged_model_matches_batched_copies(name, one_thread):
     import mechfact
-    from mechfact.llm import registry
+    from mechfact.llm.models import registry
     from mechfact.llm.jacobian import fast_path_problem, jacobian, jacobian_copies
 
     if name != "default":

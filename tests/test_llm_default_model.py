@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow,
 
 @pytest.fixture(scope="module")
 def lm():
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -24,7 +24,7 @@ def lm():
 
 
 def test_default_model_is_converted_once_and_boots(lm):
-    from mechfact.llm.loading import embedded_model_dir
+    from mechfact.llm.models.loading import embedded_model_dir
 
     folder = embedded_model_dir()
     assert (folder / "config.json").is_file() and "quantization_config" not in (folder / "config.json").read_text()

@@ -1,6 +1,6 @@
 """The whole LLM pipeline on three real families, offline (slow tier; `.ci/run` installs all three).
 
-Each packaged model (mechfact.llm.registry) is loaded by short name: the GGUF is SHA-256-checked, converted once
+Each packaged model (mechfact.llm.models.registry) is loaded by short name: the GGUF is SHA-256-checked, converted once
 (about a minute and 3-6 GB the first time), then knows a capital, reads an attribute from the subject state far
 above its controls at some layer, and gives an LRE with the authors' protocol. Measured values in each test.
 """
@@ -8,7 +8,7 @@ above its controls at some layer, and gives an LRE with the authors' protocol. M
 import pytest
 import torch
 
-from mechfact.llm import registry
+from mechfact.llm.models import registry
 
 MEASURED = {  # (France -> " Paris" rank, best continent readout - its control, LRE best-beta faithfulness), 1 thread
     "smollm2-135m-instruct": (1, 0.75, 0.875),

@@ -318,7 +318,7 @@ def test_shared_heads_give_the_whole_prompts_states(tiny, family, one_thread):
     from mechfact.llm.lre import edited_logits
     from mechfact.llm.prompts import build_prompts
     from mechfact.llm.relations import load_relations
-    from mechfact.llm.shared_heads import Heads, groups_by_head, head_of, states_shared
+    from mechfact.llm.lre.shared_prefix import Heads, groups_by_head, head_of, states_shared
     from mechfact.probes.queries import ProbeSet, Site, collect
 
     lm = tiny["models"][family]

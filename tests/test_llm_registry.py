@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from mechfact.cli import main
-from mechfact.llm import registry
+from mechfact.llm.models import registry
 
 
 @pytest.fixture(autouse=True)

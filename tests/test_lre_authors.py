@@ -1,4 +1,4 @@
-"""The LRE in the authors' protocol (mechfact.llm.lre_authors) on tiny random models: the prefix match, the
+"""The LRE in the authors' protocol (mechfact.llm.lre.protocol_authors) on tiny random models: the prefix match, the
 prompts, the object-balanced split, train-side selection, the constant baselines, the causality cap, the layer
 sweep, resumption trial by trial, the known-fact filter and the rank sweeps."""
 
@@ -63,7 +63,7 @@ def test_authors_protocol_reports_fixed_and_train_chosen_numbers_with_intervals(
 
 def test_authors_split_is_object_balanced_and_drops_training_subjects():
 
-    from mechfact.llm.lre_authors import max_coverage_split
+    from mechfact.llm.lre.protocol_authors import max_coverage_split
 
     objects = ["red"] * 8 + ["blue"] * 3 + ["green"]
     subjects = [f"s{i}" for i in range(11)] + ["s0"]  # s0 also has the one green fact
@@ -80,7 +80,7 @@ def test_causality_cap_keeps_every_object_and_leaves_faithfulness_alone(tiny, mo
     seed stream: the trials' splits, filters and faithfulness are those of the uncapped run."""
 
     import mechfact
-    from mechfact.llm.lre_authors import cap_pairs
+    from mechfact.llm.lre.protocol_authors import cap_pairs
 
     pairs = [(i, i + 100) for i in range(12)]
     objects = ["red"] * 8 + ["blue"] * 3 + ["green"]
@@ -88,7 +88,7 @@ def test_causality_cap_keeps_every_object_and_leaves_faithfulness_alone(tiny, mo
         kept = cap_pairs(pairs, objects, 3, np.random.default_rng(seed))
         assert sorted(objects[i] for i, _ in kept) == ["blue", "green", "red"] and kept == sorted(kept)
     assert cap_pairs(pairs, objects, 20, np.random.default_rng(0)) == pairs
-    from mechfact.llm import lre_authors as A
+    from mechfact.llm.lre import protocol_authors as A
 
     # a deterministic judge (every fact known but the teal ones), so both runs filter the same facts
     monkeypatch.setattr(A, "prefix_match", lambda tok, token, objects: objects[0] != "teal")
@@ -125,7 +125,7 @@ def test_an_lre_that_answers_the_best_constant_token_does_not_beat_a_constant(ti
     most-shared token prefix."""
 
     import mechfact
-    from mechfact.llm import lre_authors as A
+    from mechfact.llm.lre import protocol_authors as A
     from mechfact.llm.relations import Relation
     from probes import families as F, results_llm_lre as FL
 
@@ -167,7 +167,7 @@ def test_lre_on_answers_unrelated_to_the_model_scores_chance_and_selection_sees_
     training facts' counts (n_train per trial), never the scored test facts."""
 
     import mechfact
-    from mechfact.llm import lre_authors as A
+    from mechfact.llm.lre import protocol_authors as A
 
     coin = np.random.default_rng(0)
     monkeypatch.setattr(A, "prefix_match", lambda tok, token, objects: bool(coin.random() < 0.5))
@@ -238,7 +238,7 @@ def test_an_interrupted_relation_resumes_at_its_next_trial_with_the_same_numbers
     """The authors' protocol keeps a relation's finished trials: a run killed in trial 3 of 4 resumes there (trials
     1-2 are not recomputed) and writes the uninterrupted run's result.json; the checkpoint goes once the
     relation's rows are in result.json. A checkpoint of other facts is ignored."""
-    from mechfact.llm import lre_authors
+    from mechfact.llm.lre import protocol_authors as lre_authors
     from mechfact.llm.lre import TRIALS_DIR, LreConfig, run_llm_lre
 
     lm = tiny["models"]["qwen2"]
@@ -308,7 +308,7 @@ def test_one_known_fact_filter_with_both_rules_and_a_clear_error(tiny):
 
 
 def test_the_rank_sweeps_default_and_the_authors():
-    from mechfact.llm.lre_authors import AUTHORS_RANKS, rank_grid
+    from mechfact.llm.lre.protocol_authors import AUTHORS_RANKS, rank_grid
 
     assert rank_grid(None, 576) == [16, 32, 64, 128, 256, 576] and rank_grid(None, 48) == [16, 32, 48]
     assert rank_grid(AUTHORS_RANKS, 576) == list(range(0, 320, 8)) and rank_grid(AUTHORS_RANKS, 48)[-1] == 48

@@ -8,7 +8,7 @@ import numpy as np
 
 import pytest
 
-from mechfact.llm.lre_authors import AUTHORS_BETAS
+from mechfact.llm.lre.protocol_authors import AUTHORS_BETAS
 from probes import families as F, results_llm as FP, results_llm_lre as FL
 
 
@@ -173,7 +173,7 @@ def test_a_relation_stopped_part_way_travels_with_the_exported_runs(tmp_path):
 def test_run_status_says_how_far_a_relation_stopped_part_way_got(tmp_path):
     """A relation kept part way (its trial checkpoint) shows in the runs table with its trials done of those
     asked; a damaged checkpoint is left out, not fatal."""
-    from mechfact.llm import lre_authors as A
+    from mechfact.llm.lre import protocol_authors as A
     from mechfact.llm.lre import TRIALS_DIR
 
     _write(tmp_path, "qwen2.5-coder-0.5b-instruct", [_row("a", lambda b: 0.5, 1.0)])

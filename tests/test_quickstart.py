@@ -194,7 +194,7 @@ def test_quickstart_families_flag_names_unknown_models(tmp_path, capsys):
 def test_families_side_by_side_section(tmp_path):
     """With another family installed, the LLM part gains a side-by-side section: one row per model, its
     figure, and each added model's readout and superposition verdicts."""
-    from mechfact.llm import registry
+    from mechfact.llm.models import registry
     from mechfact.quickstart import Part, _families, _installed_families
 
     other = "gemma3-270m"

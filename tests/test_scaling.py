@@ -189,7 +189,7 @@ def _cache(tmp_path, monkeypatch):
 
 def _half_on_disk(model) -> dict:
     """A device map with the embedding and head in memory and the upper half of the layers on disk."""
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     lm = load_model(model)
     names = [n for n, _ in lm.bridge.original_model.named_modules() if n.count(".") == 2 and ".layers." in n]
@@ -206,7 +206,7 @@ def test_device_map_loads_the_same_model(tiny, tmp_path, one_thread):
     hidden states exactly; the offloaded layers hold no weights in memory (meta tensors)."""
     import torch
 
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     plain = load_model(tiny["model"])
     toks = plain.tokenizer(["zorb has the colour", "The capital of Zorbia is"], return_tensors="pt",
@@ -307,7 +307,7 @@ def test_llm_lre_refuses_an_in_memory_model_on_ray(tmp_path):
     from llm_tiny import build_model, write_relations
 
     from mechfact.llm.lre import LreConfig, run_llm_lre
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     lm = load_model(str(build_model("llama", tmp_path / "llama")))
     cfg = LreConfig(relations=str(write_relations(tmp_path / "rels")), layer=1, n_train=2, facts="all", rank=8)

@@ -19,7 +19,7 @@ from llm_tiny import build_model, train_to_know, write_relations
 def tiny_llama(tmp_path_factory):
     """A tiny random Llama trained for 150 full-batch steps to answer the zero-shot prompts of the tiny relations
     (every fact known), as a LanguageModel, and the relations."""
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
     from mechfact.llm.relations import load_relations
 
     root = tmp_path_factory.mktemp("transfer_tiny")

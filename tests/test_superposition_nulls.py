@@ -192,7 +192,7 @@ def _relations(objects=None):
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     return load_model(str(build_model("llama", tmp_path_factory.mktemp("spn") / "llama")))
 

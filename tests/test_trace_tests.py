@@ -173,7 +173,7 @@ def test_a_fact_is_known_when_the_prediction_spells_the_object(piece, obj, ok):
 
 
 def test_old_model_short_names_warn_and_every_name_says_what_the_model_is():
-    from mechfact.llm import registry
+    from mechfact.llm.models import registry
 
     with pytest.warns(FutureWarning, match="qwen2.5-coder-0.5b-instruct"):
         assert registry.resolve("qwen2.5-0.5b").name == "qwen2.5-coder-0.5b-instruct"

@@ -65,7 +65,7 @@ def test_noise_scale_is_three_times_the_subject_embedding_std(construction):
 @pytest.fixture(scope="module")
 def tiny_gemma3(tmp_path_factory):
     """A tiny Gemma-3 (sliding window 4 below the prompts' length, sliding and full layers alternating)."""
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     root = tmp_path_factory.mktemp("trace_gemma3")
     n = torch.get_num_threads()
@@ -77,7 +77,7 @@ def tiny_gemma3(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from mechfact.llm.loading import load_model
+    from mechfact.llm.models.loading import load_model
 
     root = tmp_path_factory.mktemp("trace_tiny")
     n = torch.get_num_threads()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ._args import UsageError, common_args, executor_args, finite_float, make_executor_from
-from ..llm.loading import DTYPES
+from ..llm.models.loading import DTYPES
 from ..llm.probe import POSITIONS, SITES
 from ..llm.superposition import ATTRIBUTES
 from ..probes.queries import PADDING
@@ -236,7 +236,7 @@ def _run_llm(a) -> None:
 
     progress = not a.quiet
     if a.llm_sub == "models":
-        from ..llm.registry import status
+        from ..llm.models.registry import status
 
         for row in status():
             print(f"{row['name']:>27}  {'installed' if row['installed'] else 'not installed':<13}  {row['model']}: "
@@ -279,7 +279,7 @@ def run_superposition(a) -> None:
 def run_lre(a) -> None:
     """``mechfact llm lre`` (and ``mechfact probe lre``)."""
     from ..llm import lre as L
-    from ..llm.lre_authors import AUTHORS_RANKS
+    from ..llm.lre.protocol_authors import AUTHORS_RANKS
 
     ranks = None if a.ranks is None else list(AUTHORS_RANKS) if a.ranks == "authors" else _layers(a.ranks)
     layers = None if a.layers is None else _layers(a.layers)

@@ -23,7 +23,7 @@ def _run(a) -> None:
 
     families = False if a.families is None else (a.families or True)
     if families is not True and families:
-        from ..llm.registry import MODELS
+        from ..llm.models.registry import MODELS
 
         bad = [f for f in families if f not in MODELS]
         if bad:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from .loading import LanguageModel, check_remote
+from .models.loading import LanguageModel, check_remote
 from .relations import Relation
 
 

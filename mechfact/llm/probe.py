@@ -55,7 +55,7 @@ from ..results import Result
 from ..runs import RunDir
 from ..seeding import derive_seed
 from .jobs import map_relations
-from .loading import DTYPES, LanguageModel, check_remote, load_model, worker_model
+from .models.loading import DTYPES, LanguageModel, check_remote, load_model, worker_model
 from .prompts import POSITIONS as PROMPT_POSITIONS
 from .prompts import build_prompts, check_template, object_token_ids
 from .relations import Relation, as_relations
@@ -334,7 +334,7 @@ def layer_readout(lm: LanguageModel, relations=None, layers="all", *, seed: int 
                   **options) -> LayerReadoutResult:
     """Layer-wise linear readout of the object from the subject's state, per relation, on held-out subjects.
 
-    ``lm``: a :class:`~mechfact.llm.loading.LanguageModel` (:func:`mechfact.load_model`). ``relations``: a
+    ``lm``: a :class:`~mechfact.llm.models.loading.LanguageModel` (:func:`mechfact.load_model`). ``relations``: a
     Relation, a list of them, a relation file / folder, or None (the shipped dataset). ``layers``: ``"all"``
     or a list. ``options``: any :class:`ProbeConfig` field (``site``, ``position``, ``k_shot``, ``template``,
     ``max_samples``, ``known_tokens``, ``readout_on``, ``known_only``, ``heldout_fraction``, ``n_splits``,

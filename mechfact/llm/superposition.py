@@ -83,7 +83,7 @@ from dataclasses import asdict, dataclass, field
 from ..results import Result
 from ..runs import RunDir
 from ..seeding import derive_seed
-from .loading import LanguageModel, load_model
+from .models.loading import LanguageModel, load_model
 from .relations import as_relations
 from .superposition_data import (ATTRIBUTES, KNOWN_SHARE, PROMPTS, LlmSuperpositionConfig, _objects, attribute_table,
                                  countries_dir, shared_first_token, shared_subjects, subject_recall, subject_states,

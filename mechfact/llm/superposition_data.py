@@ -14,7 +14,7 @@ import torch
 from .. import hooks
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
 from ..probes.queries import ProbeSet, Site, collect
-from .loading import DTYPES, LanguageModel
+from .models.loading import DTYPES, LanguageModel
 from .prompts import build_prompts, object_token_ids
 from .relations import Relation, shipped_relations_dir
 
@@ -37,7 +37,7 @@ class LlmSuperpositionConfig(DictConfig):
     question on a synthetic fact model (``mechfact probe superposition``: only the held-out share).
     """
 
-    model: str = "default"  # hub name, local HF folder, .gguf, short name (mechfact.llm.registry)
+    model: str = "default"  # hub name, local HF folder, .gguf, short name (mechfact.llm.models.registry)
     relations: str | None = None  # a folder of relations sharing subjects; None = mechfact/data/countries
     relation_names: list[str] | None = None
     layers: list[int] | None = None  # None = every layer

@@ -204,7 +204,7 @@ def _trace_job(cfg: TraceConfig, window: int, seed: int, noise: float | None, jo
                device: str) -> list[dict]:
     """One relation's rows (the kinds still missing) in an executor worker, which loads ``cfg.model`` once.
     ``job``: that relation's (queries, counts, kinds), the only queries shipped to the worker."""
-    from .loading import worker_model
+    from .models.loading import worker_model
 
     queries, counts, kinds = job
     lm = worker_model(cfg.model, device, cfg.dtype)
@@ -224,7 +224,7 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     from ..probes import tracing
     from ..runs import RunDir
     from . import plots
-    from .loading import check_remote, load_model
+    from .models.loading import check_remote, load_model
     from .jobs import map_relations
 
     check_remote(executor, lm)  # before anything is loaded or written

@@ -1,7 +1,7 @@
 """Probes written once for every model with the transformer-lens hook interface.
 
 The same functions take the one-layer fact models of :mod:`mechfact.facts` and
-pretrained models (:class:`mechfact.llm.loading.LanguageModel`, or a bare
+pretrained models (:class:`mechfact.llm.models.loading.LanguageModel`, or a bare
 ``TransformerBridge``): a hooked model plus a
 :class:`~mechfact.probes.queries.ProbeSet` of queries (a FactWorld is accepted
 wherever queries are). This package imports only the base layer (hooks, config,

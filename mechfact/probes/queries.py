@@ -286,7 +286,7 @@ def collect(model, queries, sites: Sequence["Site | str"], *, batch_size: int = 
             cache: bool = False, progress: bool = False, desc: str = "activations") -> Activations:
     """Activations at every site, read at the site's position of each query, plus the greedy next token.
 
-    ``model``: a FactModel, a TransformerBridge or a :class:`~mechfact.llm.loading.LanguageModel`.
+    ``model``: a FactModel, a TransformerBridge or a :class:`~mechfact.llm.models.loading.LanguageModel`.
     ``queries``: a :class:`ProbeSet` or a FactWorld. Queries run in length-sorted batches, each padded to
     its own longest query (``right``: causal attention never looks at the padding; ``left``: an attention
     mask and position ids are passed, for models that take them); both give the unbatched states (tested).

@@ -59,7 +59,7 @@ def _llm_runs(lm, out: Path, *, device, seed: int, fast: bool = False, lre: bool
 
 
 def _installed_families(families) -> list[str]:
-    from ..llm.registry import ALIASES, status
+    from ..llm.models.registry import ALIASES, status
 
     default = ALIASES["default"]
     if not families:
@@ -78,7 +78,7 @@ def llm_part(out: Path, *, device: torch.device, seed: int = 0, fast: bool = Fal
     """The embedded pretrained model: readout, LRE and superposition; other installed families beside it."""
     sz = sizes or sizes_for(fast)
     try:
-        from ..llm.loading import load_model
+        from ..llm.models.loading import load_model
 
         logger.info("LLM: loading the embedded default model (first time: converts the GGUF once, ~20 s)")
         lm = load_model("default", device=device)
@@ -108,7 +108,7 @@ def llm_part(out: Path, *, device: torch.device, seed: int = 0, fast: bool = Fal
 def _families(out: Path, names: list[str], done: dict, part: Part, *, device, seed: int, fast: bool = False,
               sizes: Sizes | None = None) -> Part:
     from ..llm import plots
-    from ..llm.loading import load_model
+    from ..llm.models.loading import load_model
 
     sz = sizes or sizes_for(fast)
     allruns = dict(done)

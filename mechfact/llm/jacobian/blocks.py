@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from .. import hooks
-from ..probes.queries import StopForward
+from ... import hooks
+from ...probes.queries import StopForward
 
 
 class _Mismatch(Exception):

@@ -8,7 +8,7 @@ against the value pinned here before anything reads it; a mismatch is one
 dequantised once into a plain fp32 Hugging Face folder under
 ``$MECHFACT_CACHE/models``; a ``source.json`` there records the size and mtime
 of every part, so a later load re-verifies only when a part has changed. The
-folder's own manifest (:func:`mechfact.llm.gguf.check_converted`, written
+folder's own manifest (:func:`mechfact.llm.models.gguf.check_converted`, written
 last) catches a partly written or damaged conversion, which is then redone.
 
 Short names (``--model NAME``) say what the model is: family, size, and ``-instruct`` for an instruction-tuned
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ..runs import atomic_path, cache_dir, read_json, write_json_atomic
+from ...runs import atomic_path, cache_dir, read_json, write_json_atomic
 from .gguf import check_converted, convert_gguf
 
 logger = logging.getLogger(__name__)

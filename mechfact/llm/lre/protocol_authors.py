@@ -63,12 +63,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import stats
-from ..runs import atomic_path
-from ..seeding import derive_seed
-from .lre_operator import LRE, decode_top, edited_predictions, jacobians, states_at
-from .prompts import build_prompts, prefix_match
-from .shared_heads import Heads, head_of
+from ... import stats
+from ...runs import atomic_path
+from ...seeding import derive_seed
+from .operator import LRE, decode_top, edited_predictions, jacobians, states_at
+from ..prompts import build_prompts, prefix_match
+from .shared_prefix import Heads, head_of
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def stratified_subset(rel, max_samples: int | None, seed: int = 0):
     of a capped relation stays as even as the file allows)."""
     if max_samples is None or max_samples >= len(rel):
         return rel
-    from .relations import Relation
+    from ..relations import Relation
 
     rng = np.random.default_rng(derive_seed(seed, f"llm.lre.subset.{rel.name}"))
     keep, _ = max_coverage_split(rel.objects, rel.subjects, max_samples, rng)

@@ -13,9 +13,9 @@ import logging
 
 import numpy as np
 
-from ..seeding import derive_seed
-from .lre_operator import LRE, decode_top, estimate_lre, patched_predictions
-from .probe import ProbeConfig, relation_states
+from ...seeding import derive_seed
+from .operator import LRE, decode_top, estimate_lre, patched_predictions
+from ..probe import ProbeConfig, relation_states
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..runs import CorruptFile
+from ...runs import CorruptFile
 
 FOLDER_FIX = "re-download the model or save it again (save_pretrained)"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
@@ -146,7 +146,7 @@ def model_bytes(folder: Path, dtype: torch.dtype) -> float:
 
 def check_model_memory(folder: Path, dtype: torch.dtype, what: str) -> None:
     """Refuse (one line) a model whose load cannot fit under the memory limit (``--max-memory``)."""
-    from ..limits import check_memory
+    from ...limits import check_memory
 
     check_memory(model_bytes(folder, dtype), f"{what} (its weights in {str(dtype).replace('torch.', '')})")
 

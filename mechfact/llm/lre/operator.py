@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .. import hooks
-from ..probes.queries import ProbeSet, Site, _cache_file, _read_cache, _write_cache
-from .jacobian import jacobian
-from .jacobian_batched import _copies, _prefix_cache, _putter_at, keep_last
-from .loading import LanguageModel
-from .shared_heads import Heads, states_shared
+from ... import hooks
+from ...probes.queries import ProbeSet, Site, _cache_file, _read_cache, _write_cache
+from ..jacobian import jacobian
+from ..jacobian.batched import _copies, _prefix_cache, _putter_at, keep_last
+from ..models.loading import LanguageModel
+from .shared_prefix import Heads, states_shared
 
 
 @dataclass
@@ -133,7 +133,7 @@ def patched_predictions(lm: LanguageModel, prompts: list, idx: list[int], layer:
     Uses the shared patching engine (:func:`mechfact.probes.patching.run_with_interventions`, kind ``set``
     at the subject position), one prompt at a time since each gets its own vector.
     """
-    from ..probes.patching import Intervention, run_with_interventions
+    from ...probes.patching import Intervention, run_with_interventions
 
     ps = ProbeSet.from_prompts([prompts[i] for i in idx], pad_id=lm.pad_id, objects=idx, subjects=idx)
     out = torch.empty(len(idx), dtype=torch.long)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from ..runs import CorruptFile, write_json_atomic
+from ...runs import CorruptFile, write_json_atomic
 from .checks import _line, _system_error, check_gguf, check_hf_folder
 
-logger = logging.getLogger("mechfact.llm.loading")  # the name its messages have always had (--quiet, log filters)
+logger = logging.getLogger("mechfact.llm.models.loading")  # the name its messages have always had (--quiet, log filters)
 
 def _load_gguf_hf(path: Path, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) from a GGUF file, dequantised into a plain (unquantised) HF model.

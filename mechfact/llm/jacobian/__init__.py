@@ -8,11 +8,11 @@ Where the pieces live:
 
 * here: :func:`jacobian` and :func:`fast_path_problem` (which path a model takes, the fallback remembered per
   bridge), the per-block self-check, the linearised block (:class:`_Linearised`) and the forward-mode pass;
-* :mod:`mechfact.llm.jacobian_blocks`: the model's blocks read as plain tensors and Hugging Face modules, and the
+* :mod:`mechfact.llm.jacobian.blocks`: the model's blocks read as plain tensors and Hugging Face modules, and the
   one captured forward pass (block outputs, rotary tables, attention masks);
-* :mod:`mechfact.llm.jacobian_linear`: the linear maps of a block's parts (norms, rotary embedding);
-* :mod:`mechfact.llm.jacobian_batched`: the batched-copies method, :func:`jacobian_copies`, and its prefix cache
-  helpers (also used by :mod:`mechfact.llm.lre_operator`).
+* :mod:`mechfact.llm.jacobian.linear`: the linear maps of a block's parts (norms, rotary embedding);
+* :mod:`mechfact.llm.jacobian.batched`: the batched-copies method, :func:`jacobian_copies`, and its prefix cache
+  helpers (also used by :mod:`mechfact.llm.lre.operator`).
 
 :func:`jacobian` computes it in forward mode, all ``d_model`` input directions at once, from ONE forward pass
 of the model (batch 1) for the primal values:
@@ -53,9 +53,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .jacobian_batched import jacobian_copies
-from .jacobian_blocks import _CFG_FLAGS, _Block, _block, _capture, _mask, _Mismatch
-from .jacobian_linear import _as, _lin, _norm, _NormLin, _rope, _rope_t
+from .batched import jacobian_copies
+from .blocks import _CFG_FLAGS, _Block, _block, _capture, _mask, _Mismatch
+from .linear import _as, _lin, _norm, _NormLin, _rope, _rope_t
 
 __all__ = ["jacobian", "jacobian_copies", "fast_path_problem", "SELF_CHECK_TOL", "SELF_CHECK_TOL_LOW",
            "ATTENTION_PATHS", "ATTENTION_PATH"]

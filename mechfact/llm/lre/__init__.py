@@ -11,7 +11,7 @@ For a relation and a subject layer ``l``:
 Two protocols (``LreConfig.protocol``):
 
 * ``authors`` (default) -- as the authors' sweep (evandez/relations) runs it, with every choice made on
-  training facts (:mod:`mechfact.llm.lre_authors`): per trial an object-balanced split, the training facts as
+  training facts (:mod:`mechfact.llm.lre.protocol_authors`): per trial an object-balanced split, the training facts as
   the in-context examples of every prompt, test facts filtered under that prompt (the fact's own object),
   faithfulness at a fixed beta and at the beta best on the training facts (leave-one-out), causality toward
   other test facts at the rank best on the training facts, baselines and bootstrap intervals over subjects.
@@ -35,20 +35,21 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..config import DictConfig, check_choice, check_float, check_int, check_int_list
-from ..results import Result
-from ..runs import RunDir
-from . import lre_authors, lre_mechfact
-from .jacobian import jacobian  # noqa: F401 (public here too)
-from .loading import LanguageModel, check_remote, load_model, worker_model
-from .lre_authors import AUTHORS_BETAS, DEFAULT_TRIALS, FIXED_BETA  # noqa: F401
-from .lre_mechfact import BETA_SWEEP  # noqa: F401
-from .lre_operator import (LRE, decode_top, edited_logits, edited_predictions, estimate_lre,  # noqa: F401
+from ...config import DictConfig, check_choice, check_float, check_int, check_int_list
+from ...results import Result
+from ...runs import RunDir
+from . import protocol_authors as lre_authors
+from . import protocol_mechfact as lre_mechfact
+from ..jacobian import jacobian  # noqa: F401 (public here too)
+from ..models.loading import LanguageModel, check_remote, load_model, worker_model
+from .protocol_authors import AUTHORS_BETAS, DEFAULT_TRIALS, FIXED_BETA  # noqa: F401
+from .protocol_mechfact import BETA_SWEEP  # noqa: F401
+from .operator import (LRE, decode_top, edited_logits, edited_predictions, estimate_lre,  # noqa: F401
                            patched_predictions)
-from .jobs import map_relations
-from .probe import check_prompt_options
-from .prompts import check_template
-from .relations import Relation, as_relations
+from ..jobs import map_relations
+from ..probe import check_prompt_options
+from ..prompts import check_template
+from ..relations import Relation, as_relations
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +222,7 @@ def lre_sweep(lm: LanguageModel, relation, layers: list[int], *, seed: int = 0, 
 def _evaluate(lm, rel, cfg: LreConfig, layers: list[int], seed: int, progress: bool,
               checkpoint: Path | None = None) -> tuple[list[dict], "LRE | None"]:
     """One row per layer (each with its ``layer``) and the last fitted operator; ``checkpoint`` (the authors'
-    protocol): a file that keeps the relation's finished trials (:func:`mechfact.llm.lre_authors.evaluate`)."""
+    protocol): a file that keeps the relation's finished trials (:func:`mechfact.llm.lre.protocol_authors.evaluate`)."""
     if cfg.protocol == "authors":
         return lre_authors.evaluate(lm, rel, cfg, layers, seed, progress, checkpoint)
     rows, op = [], None
@@ -239,8 +240,8 @@ def _capped(rel: Relation, cfg: LreConfig, seed: int) -> Relation:
 
 
 def best_layer_row(rows: list[dict]) -> dict:
-    """A relation's row from its layer rows. Authors: :func:`mechfact.llm.lre_authors.relation_row` (every choice
-    on training facts). Mechfact (the first protocol): :func:`mechfact.llm.lre_mechfact.relation_row` (the layer
+    """A relation's row from its layer rows. Authors: :func:`mechfact.llm.lre.protocol_authors.relation_row` (every choice
+    on training facts). Mechfact (the first protocol): :func:`mechfact.llm.lre.protocol_mechfact.relation_row` (the layer
     best on its own test facts, labelled an upper bound)."""
     if rows and rows[0].get("protocol") == "authors":
         return lre_authors.relation_row(rows)
@@ -292,7 +293,7 @@ def run_llm_lre(cfg: LreConfig, out: str | Path, *, device: torch.device | str =
     itself (once per worker process) with one thread; the driver alone writes result.json, rows in relation
     order whatever order they finish in, so the file is the local one byte for byte.
     """
-    from . import plots
+    from .. import plots
 
     check_remote(executor, lm)  # before anything is loaded or written
     rels = [_capped(r, cfg, seed) for r in as_relations(cfg.relations, cfg.relation_names)]

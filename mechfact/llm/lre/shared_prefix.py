@@ -7,7 +7,7 @@ head once and keeps its key/value cache, and runs the prompts' tails (subject on
 over copies of that cache: causal attention never looks at the padding, and the positions continue the head's.
 Same states, next tokens and edited logits as the full prompts, to float rounding (tested), for a fraction of
 the work. :class:`Heads` keeps the heads' caches for the edited runs of the same prompts
-(:func:`mechfact.llm.lre_operator.edited_logits` with ``prefix=heads.cache(head_of(p)), start=p.subject_first``:
+(:func:`mechfact.llm.lre.operator.edited_logits` with ``prefix=heads.cache(head_of(p)), start=p.subject_first``:
 the tail runs once up to the edited layer, as copies after it).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..probes.queries import Activations, ProbeSet, Site, collect, logits_of, pad_batch
-from .jacobian_batched import _copies, _prefix_cache, keep_last
+from ...probes.queries import Activations, ProbeSet, Site, collect, logits_of, pad_batch
+from ..jacobian.batched import _copies, _prefix_cache, keep_last
 
 
 def head_of(prompt) -> tuple[int, ...]:

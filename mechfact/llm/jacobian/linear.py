@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .jacobian_blocks import _orig
+from .blocks import _orig
 
 
 def _as(t: torch.Tensor | None, dt: torch.dtype) -> torch.Tensor | None:

@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from ..device import resolve_device
+from ...device import resolve_device
 from .checks import (FOLDER_FIX, _diagnose, _line, _system_error, check_gguf, check_hf_folder, check_model_memory,
                      check_safetensors, check_torch_file, model_bytes)
 from .gguf import MANIFEST, _load_gguf_hf, check_converted, convert_gguf

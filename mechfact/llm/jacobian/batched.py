@@ -1,8 +1,8 @@
 """The batched-copies Jacobian (:func:`jacobian_copies`): reverse-mode autograd through the bridge, for any
 model the bridge runs; :func:`mechfact.llm.jacobian.jacobian` falls back to it. The prefix key/value cache and
-the copies of it (:func:`_prefix_cache`, :func:`_copies`) are shared with :mod:`mechfact.llm.lre_operator` and
-:mod:`mechfact.llm.shared_heads`; the hook that sets one position of every copy (:func:`_putter_at`) with
-:mod:`mechfact.llm.lre_operator`'s edited runs.
+the copies of it (:func:`_prefix_cache`, :func:`_copies`) are shared with :mod:`mechfact.llm.lre.operator` and
+:mod:`mechfact.llm.lre.shared_prefix`; the hook that sets one position of every copy (:func:`_putter_at`) with
+:mod:`mechfact.llm.lre.operator`'s edited runs.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import copy
 
 import torch
 
-from .. import hooks
-from ..probes.queries import StopForward
+from ... import hooks
+from ...probes.queries import StopForward
 
 
 def jacobian_copies(lm, tokens: list[int], pos: int, layer: int, chunk: int = 96
@@ -44,7 +44,7 @@ def _prefix_cache(lm, toks: torch.Tensor, pos: int):
 
 def keep_last(lm) -> dict:
     """Forward keywords that unembed the last position alone, where the model takes them (else none)."""
-    from ..probes.queries import keeps_logits
+    from ...probes.queries import keeps_logits
 
     return {"logits_to_keep": 1} if keeps_logits(lm) else {}
 
