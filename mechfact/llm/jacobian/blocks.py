@@ -143,6 +143,21 @@ def _block(blk) -> _Block:
         wg=wg, bg=bg, wu=wu, bu=bu, wd=wd, bd=bd, act=act)
 
 
+def layout_of(block):
+    """What a bridge block holds, read as the Jacobian reads it: the record a packaged model's
+    :class:`~mechfact.llm.models.registry.BlockLayout` is checked against. ValueError for a block the
+    forward-mode path does not read."""
+    from ..models.registry import BlockLayout
+
+    try:
+        b = block if isinstance(block, _Block) else _block(block)
+    except _Mismatch as exc:
+        raise ValueError(f"block layout not readable: {exc}") from None
+    return BlockLayout(norms="pre+post" if b.norm_attn_out is not None else "pre",
+                       qk_norm=b.q_norm is not None, qkv_bias=any(x is not None for x in (b.bq, b.bk, b.bv)),
+                       softcap=b.softcap, mlp="gated")
+
+
 # ---- one forward pass of the bridge: every block's output from `layer` on, rotary tables and masks ---------
 
 def _capture(lm, toks: torch.Tensor, layer: int) -> tuple[dict, dict]:

