@@ -12,7 +12,6 @@ What runs is :func:`probes.families.run`; the LRE tables are :mod:`probes.result
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -206,7 +205,7 @@ right on every test fact: a constant answer scores 1.00) are marked and left out
 
 def write_doc(out: Path, path: Path) -> None:
     """The whole results page from the run folders in ``out`` (figures next to it in ``img/``)."""
-    from probes.tracing_study import models_legend
+    from probes.results_trace import models_legend
 
     parts = [DOC_HEAD, models_legend(MODELS), "## Runs behind this page\n", runs_status(out), ""]
     parts += ["## LRE, the authors' protocol, factual relations (middle layer)\n", lre_table(out, "factual"), "",
@@ -253,22 +252,18 @@ def figure(out: Path, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="runs/fam")
-    ap.add_argument("--run", action="store_true", help="run what is missing first")
-    ap.add_argument("--export", default=None, metavar="DIR", help="copy the run folders' JSON files (configs, "
-                    "results, meta; no figures) to DIR, e.g. docs/runs/fam, where --out DIR rebuilds the page")
+    from probes import study
+
+    ap = study.parser(__doc__.split("\n")[0], "runs/fam", "docs/results_llm.md")
     ap.add_argument("--figure", default="docs/img/families.png")
     ap.add_argument("--lre-figure", default="docs/img/families_lre.png")
-    ap.add_argument("--doc", default=None, metavar="MD", help="write the whole results page there (e.g. "
-                    "docs/results_llm.md) instead of printing the tables")
     ap.add_argument("--relations", default=None, metavar="DIR",
                     help="with --run: the LRE authors' data folder (github evandez/relations, data/), holding "
                          "factual/ and linguistic/")
     ap.add_argument("--resume-from", default=None, metavar="DIR",
                     help="with --run: first copy the exported runs in DIR (e.g. docs/runs/fam) that --out lacks, "
                          "so the shipped finished runs are skipped and a shipped unfinished one continues")
-    a = ap.parse_args(argv)
+    a = study.parse(ap, argv)
     out = Path(a.out)
     if a.resume_from and not a.run:
         ap.error("--resume-from needs --run")
@@ -282,21 +277,14 @@ def main(argv=None) -> None:
             got = resume_shipped(Path(a.resume_from), out, Path(a.relations))
             print(f"{len(got)} run folders copied from {a.resume_from} to {out}: {', '.join(got) or 'none'}")
         run(out, Path(a.relations))
-    if a.export:
-        print(f"{export(out, Path(a.export))} files copied from {out} to {a.export}")
-    if a.doc:
-        write_doc(out, Path(a.doc))
-        print(f"{a.doc} written from {out}")
-    else:
-        print(readout_table(out), "\n")
-        for part in PARTS:
-            print(lre_table(out, part), "\n")
-        print(lre_sweep_table(out), "\n")
-        for n in SUPERPOSITION_RUNS:
-            print(superposition_table(out, n))
+
+    def tables() -> str:
+        return "\n\n".join([readout_table(out), *[lre_table(out, part) for part in PARTS], lre_sweep_table(out),
+                            *[superposition_table(out, n) for n in SUPERPOSITION_RUNS]])
+
+    study.finish(a, export, write_doc, tables=tables)
     figure(out, Path(a.figure))
     lre_figure(out, Path(a.lre_figure))
-
 
 if __name__ == "__main__":
     main()

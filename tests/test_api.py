@@ -153,7 +153,7 @@ RESULT_CLASSES = [
     ("mechfact.probes.tracing", "TraceResult"), ("mechfact.probes.knockout", "KnockoutResult"),
     ("mechfact.probes.extraction", "AttributeRateResult"), ("mechfact.probes.extraction", "ExtractionResult"),
     ("mechfact.probes.attribution", "AttributionResult"), ("mechfact.probes.state_transfer", "TransferResult"),
-    ("mechfact.llm.lre", "LreResult"), ("mechfact.llm.probe", "LayerReadoutResult"),
+    ("mechfact.llm.lre", "LreResult"), ("mechfact.llm.readout", "LayerReadoutResult"),
     ("mechfact.llm.superposition", "LlmSuperpositionResult"),
 ]
 
@@ -195,7 +195,7 @@ def test_trainer_results_keep_the_dict_reading_and_have_records(one_thread):
 def test_llm_readout_records_use_the_fact_readouts_keys(one_thread):
     """``layer_readout(...).records`` and ``readout(...).records`` name the same numbers alike; result.json rows
     (``per_layer``) keep their stored keys."""
-    from mechfact.llm.probe import LayerReadoutResult
+    from mechfact.llm.readout import LayerReadoutResult
 
     world = mechfact.FactWorld(64, 2, seed=0)
     model, _ = mechfact.construct(world, d=2 * 8 + 2)

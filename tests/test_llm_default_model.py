@@ -32,7 +32,7 @@ def test_default_model_is_converted_once_and_boots(lm):
 
 
 def test_default_model_knows_capitals_with_three_shots(lm):
-    from mechfact.llm.probe import ProbeConfig, relation_states
+    from mechfact.llm.readout import ProbeConfig, relation_states
     from mechfact.llm.relations import load_relations
 
     rel = load_relations(names=["country_capital"])[0].subset(16)

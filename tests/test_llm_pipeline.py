@@ -97,7 +97,7 @@ def test_state_cache_hit_returns_same_tensors_without_running(tiny, cache, monke
 @pytest.mark.parametrize("family", FAMILIES)
 def test_whole_pipeline_probe_and_lre(tiny, family, cache, tmp_path, one_thread):
     from mechfact.llm.lre import LreConfig, run_llm_lre
-    from mechfact.llm.probe import ProbeConfig, run_llm_probe
+    from mechfact.llm.readout import ProbeConfig, run_llm_probe
 
     lm = tiny["models"][family]
     res = run_llm_probe(ProbeConfig(relations=str(tiny["relations"]), k_shot=2, n_splits=1), tmp_path / "probe",
@@ -159,7 +159,7 @@ def test_jacobian_matches_finite_differences(tiny, family, one_thread):
 
 def test_readout_finds_a_real_signal_and_not_a_shuffled_one():
     """Synthetic subject states whose class mean carries the object: far above chance and control."""
-    from mechfact.llm.probe import ProbeConfig, RelationStates, layer_readouts
+    from mechfact.llm.readout import ProbeConfig, RelationStates, layer_readouts
     from mechfact.llm.relations import Relation
 
     rng = np.random.default_rng(0)
@@ -184,7 +184,7 @@ def test_readout_finds_a_real_signal_and_not_a_shuffled_one():
 
 
 def test_probe_resumes_and_rejects_other_config(tiny, cache, tmp_path, one_thread):
-    from mechfact.llm.probe import ProbeConfig, run_llm_probe
+    from mechfact.llm.readout import ProbeConfig, run_llm_probe
 
     lm = tiny["models"]["qwen2"]
     cfg = ProbeConfig(relations=str(tiny["relations"]), relation_names=["tiny_colour"], layers=[0, 2], n_splits=1)

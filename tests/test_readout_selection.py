@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mechfact import stats
-from mechfact.llm import probe as P
+from mechfact.llm import readout as P
 from mechfact.llm.relations import Relation
 from mechfact.probes import readout as R
 

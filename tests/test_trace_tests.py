@@ -190,10 +190,11 @@ def test_old_model_short_names_warn_and_every_name_says_what_the_model_is():
 @pytest.mark.parametrize("corruption", ["noise", "replace"])
 def test_the_shipped_trace_runs_are_what_the_page_commands_make_with_their_defaults(corruption):
     """The page's configuration IS ``--run``'s defaults: each shipped run's config equals the one the CLI builds
-    from :func:`probes.tracing_study.trace_argv` (the data folder written as exported)."""
+    from :func:`probes.results_trace.trace_argv` (the data folder written as exported)."""
     from mechfact.cli import build_parser
     from mechfact.llm.trace import TraceConfig
-    from probes import families, tracing_study as S
+    from probes import families
+    from probes import results_trace as S
 
     shipped = [p for p in sorted((ROOT / "docs" / "runs" / "trace").glob(f"*/{corruption}/config.json"))]
     if not shipped:

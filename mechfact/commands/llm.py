@@ -7,7 +7,7 @@ import argparse
 
 from ._args import UsageError, common_args, executor_args, finite_float, make_executor_from
 from ..llm.models.loading import DTYPES
-from ..llm.probe import POSITIONS, SITES
+from ..llm.readout import POSITIONS, SITES
 from ..llm.superposition import ATTRIBUTES
 from ..probes.queries import PADDING
 
@@ -223,7 +223,7 @@ def prompt_options(a) -> dict:
 
 def probe_config(a, model: str, relations: str | None):
     """The ProbeConfig of ``mechfact llm probe`` (and of ``mechfact probe readout`` on a pretrained model)."""
-    from ..llm.probe import ProbeConfig
+    from ..llm.readout import ProbeConfig
 
     return ProbeConfig(model=model, relations=relations, layers=_layers(a.layers), site=a.site, position=a.position,
                        known_tokens=a.known_tokens, readout_on=a.readout_on, n_splits=a.splits, split=a.split,
@@ -232,7 +232,7 @@ def probe_config(a, model: str, relations: str | None):
 
 
 def _run_llm(a) -> None:
-    from ..llm import probe as P
+    from ..llm import readout as P
 
     progress = not a.quiet
     if a.llm_sub == "models":

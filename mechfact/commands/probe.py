@@ -149,7 +149,7 @@ def _run(a) -> None:
     if a.probe_kind in ANALYSES:
         return _run_registered(a)
     from ..facts.train import TrainConfig
-    from ..llm.probe import run_llm_probe
+    from ..llm.readout import run_llm_probe
     from ..targets import check_target
     from . import probe_runs as ex
 

@@ -32,7 +32,7 @@ def _identity(model, spec) -> dict:
 # ---- runs -------------------------------------------------------------------------------
 
 def run_readout(spec, cfg: ReadoutConfig, out, *, device="cpu", seed: int = 0) -> dict:
-    """Readouts per relation and site of a fact model (pretrained models: :func:`mechfact.llm.probe.run_llm_probe`)."""
+    """Readouts per relation and site of a fact model (pretrained models: :func:`mechfact.llm.readout.run_llm_probe`)."""
     from ..probes.plots import plot_readout
     from ..probes.queries import Site, check_hooks
     from ..probes.readout import readout

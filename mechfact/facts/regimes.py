@@ -4,7 +4,7 @@ A regime is the model shape plus how it is trained: a
 :class:`~mechfact.facts.train.TrainConfig` for :func:`~mechfact.facts.train.train`,
 the one FactModel trainer (its ``freeze`` names tensors kept at their random
 initialisation, ``l2_only`` where the coupled L2 applies). The numbers behind
-each choice are in docs/results_probes.md (``python -m probes.regime_study``
+each choice are in docs/results_probes.md (``python -m synthetic.regime_study``
 reproduces them).
 
 * ``plain``          -- the first independent attempt's setting: d = 64, m = 64,

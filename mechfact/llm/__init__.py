@@ -5,7 +5,7 @@
   (:mod:`.models.registry`); embedded default SmolLM2-135M-Instruct (Q4_1); in-memory Hugging Face models.
 * :mod:`.relations` -- :class:`~.relations.Relation` (in memory or from the JSON format of ``mechfact/data/relations``).
 * :mod:`.prompts` -- zero-/k-shot prompts with subject token positions; ``probe_set`` for the shared probes.
-* :mod:`.probe` -- layer-wise linear readouts: ``layer_readout`` (in memory), ``run_llm_probe`` (run directory).
+* :mod:`.readout` -- layer-wise linear readouts: ``layer_readout`` (in memory), ``run_llm_probe`` (run directory).
 * :mod:`.lre` -- linear relational embeddings, faithfulness and causality: ``lre``, ``run_llm_lre``; the two
   protocols (:mod:`.lre.protocol_authors`, :mod:`.lre.protocol_mechfact`), the operator (:mod:`.lre.operator`),
   prompts that share a prefix run once (:mod:`.lre.shared_prefix`).
@@ -25,7 +25,7 @@ import importlib
 _EXPORTS = {
     "LanguageModel": "models.language_model", "load_model": "models.loading",
     "LreConfig": "lre", "LreResult": "lre", "run_llm_lre": "lre",
-    "LayerReadoutResult": "probe", "ProbeConfig": "probe", "layer_readout": "probe", "run_llm_probe": "probe",
+    "LayerReadoutResult": "readout", "ProbeConfig": "readout", "layer_readout": "readout", "run_llm_probe": "readout",
     "probe_set": "prompts",
     "Relation": "relations", "load_relations": "relations",
 }

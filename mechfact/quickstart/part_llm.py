@@ -21,7 +21,7 @@ def _llm_runs(lm, out: Path, *, device, seed: int, fast: bool = False, lre: bool
               sizes: Sizes | None = None) -> dict:
     """The readout, (LRE) and superposition runs of one loaded model into ``out``."""
     from ..llm.lre import LreConfig, run_llm_lre
-    from ..llm.probe import quick_probe_config, run_llm_probe
+    from ..llm.readout import quick_probe_config, run_llm_probe
     from ..llm.superposition import LlmSuperpositionConfig, run_llm_superposition
 
     sz = sizes or sizes_for(fast)

@@ -47,7 +47,7 @@ from .protocol_mechfact import BETA_SWEEP  # noqa: F401
 from .operator import (LRE, decode_top, edited_logits, edited_predictions, estimate_lre,  # noqa: F401
                            patched_predictions)
 from ..jobs import map_relations
-from ..probe import check_prompt_options
+from ..readout import check_prompt_options
 from ..prompts import check_template
 from ..relations import Relation, as_relations
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...seeding import derive_seed
 from .operator import LRE, decode_top, estimate_lre, patched_predictions
-from ..probe import ProbeConfig, relation_states
+from ..readout import ProbeConfig, relation_states
 
 logger = logging.getLogger(__name__)
 

@@ -2,24 +2,23 @@
 events (Geva et al. 2023), subject-state transfer and the relation selectivity of last-position MLP units (the
 geometric-recall paper's two claims as causal tests), and attribution patching against exact patching.
 
-    python -m probes.recall_study --run [--models smollm2-135m-instruct] [--max-facts 8]   # missing runs into runs/recall
-    python -m probes.recall_study --out runs/recall --export docs/runs/recall      # the run JSON, for a clone
-    python -m probes.recall_study --out docs/runs/recall --doc docs/results_recall.md  # the page, from runs alone
+    python -m probes.results_recall --run [--models smollm2-135m-instruct] [--max-facts 8]   # missing runs into runs/recall
+    python -m probes.results_recall --out runs/recall --export docs/runs/recall      # the run JSON, for a clone
+    python -m probes.results_recall --out docs/runs/recall --doc docs/results_recall.md  # the page, from runs alone
 
 Per packaged model (``mechfact llm models``; one not installed is skipped), on the known facts of the shipped
-relations of :data:`probes.tracing_study.RELATIONS` (zero-shot prompts, at most ``--max-facts`` per relation,
+relations of :data:`probes.results_trace.RELATIONS` (zero-shot prompts, at most ``--max-facts`` per relation,
 a seeded choice), one JSON per experiment in ``<out>/<model>/``, written as each finishes (a rerun resumes).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from probes.tracing_study import MODELS, RELATIONS, _installed, _read
+from probes.results_trace import MODELS, RELATIONS, _installed, _read
 
 EXPERIMENTS = ("knockout", "attribute_rate", "extraction", "transfer", "selectivity", "atp")
 ATP_FACTS = 1  # known facts per relation in the AtP-vs-exact comparison (the exact trace is the slow side)
@@ -113,7 +112,7 @@ def _pct(x, ci=None, scale=100.0, unit="%") -> str:
 
 
 def _layer(l, L) -> str:
-    return f"emb" if l < 0 else f"{l} ({l / L:.2f})"
+    return "emb" if l < 0 else f"{l} ({l / L:.2f})"
 
 
 def knockout_table(out: Path) -> str:
@@ -244,7 +243,7 @@ def atp_table(out: Path) -> str:
 
 DOC_HEAD = """# How the packaged models recall a fact: knockout, attribute rate, state transfer, selectivity, AtP
 
-Rebuilt by `python -m probes.recall_study --out docs/runs/recall --doc docs/results_recall.md` from the run JSON
+Rebuilt by `python -m probes.results_recall --out docs/runs/recall --doc docs/results_recall.md` from the run JSON
 in `docs/runs/recall` (`--run` recomputes them: `--out runs/recall`). Known facts of six shipped relations
 (country_capital, city_country, company_country, country_language, element_symbol, country_continent), zero-shot
 prompts, at most 8 per relation (1 for AtP), seed 0, float32 on CPU. Layers are given with their relative depth;
@@ -298,7 +297,7 @@ def figures(out: Path, img: Path) -> list[Path]:
 def write_doc(out: Path, path: Path) -> None:
     from mechfact.runs import atomic_path
 
-    from probes.tracing_study import models_legend
+    from probes.results_trace import models_legend
 
     parts = [DOC_HEAD, models_legend(MODELS),
              "## Attention knockout (Geva et al. 2023)\n",
@@ -342,30 +341,18 @@ def write_doc(out: Path, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="runs/recall")
-    ap.add_argument("--run", action="store_true", help="run what is missing first")
-    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    from probes import study
+
+    ap = study.parser(__doc__.split("\n")[0], "runs/recall", "docs/results_recall.md", MODELS)
     ap.add_argument("--max-facts", type=int, default=8, help="known facts per relation (default 8)")
-    ap.add_argument("--export", default=None, metavar="DIR", help="copy the run JSON to DIR (e.g. docs/runs/recall)")
-    ap.add_argument("--doc", default=None, metavar="MD", help="write the page there (e.g. docs/results_recall.md)")
     ap.add_argument("--img", default="docs/img", help="where the page's figures go (default docs/img)")
-    a = ap.parse_args(argv)
+    a = study.parse(ap, argv, MODELS)
     out = Path(a.out)
-    bad = [m for m in a.models if m not in MODELS]
-    if bad:
-        ap.error(f"--models {' '.join(bad)}: allowed {', '.join(MODELS)}")
     if a.run:
         for m in a.models:
             if _installed(m):
                 run_model(m, out, a.max_facts)
-    if a.export:
-        print(f"{export(out, Path(a.export))} files copied from {out} to {a.export}")
-    if a.doc:
-        write_doc(out, Path(a.doc))
-        figures(out, Path(a.img))
-        print(f"{a.doc} written from {out}")
-
+    study.finish(a, export, write_doc, figures=lambda: figures(out, Path(a.img)))
 
 if __name__ == "__main__":
     main()

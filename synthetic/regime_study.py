@@ -1,6 +1,6 @@
 """Which training regime makes gradient descent find the geometric solution? (docs/results_probes.md)
 
-    python -m probes.regime_study --out runs/probes_regimes [--regimes plain geometric ...] [--n 512] [--device cpu]
+    python -m synthetic.regime_study --out runs/probes_regimes [--regimes plain geometric ...] [--n 512] [--device cpu]
 
 For each named regime of :mod:`mechfact.facts.regimes` and each N: train a
 one-layer fact model (R = 4) on all N R facts (``REGIMES[name].fit``), save it

@@ -1,10 +1,10 @@
 """Where models recall a fact: causal tracing on the packaged models and on fact models, beside the published
 GPT-2 XL pattern, each published claim decided by a test stated before the run.
 
-    python -m probes.tracing_study --run --lre-data DIR [--models M ...]     # missing runs into runs/trace
-    python -m probes.tracing_study --run --lre-data DIR --resume-from docs/runs/trace   # continue the shipped runs
-    python -m probes.tracing_study --out runs/trace --export docs/runs/trace  # the run JSON, for a clone
-    python -m probes.tracing_study --out docs/runs/trace --doc docs/results_trace.md  # the page, from runs alone
+    python -m probes.results_trace --run --lre-data DIR [--models M ...]     # missing runs into runs/trace
+    python -m probes.results_trace --run --lre-data DIR --resume-from docs/runs/trace   # continue the shipped runs
+    python -m probes.results_trace --out runs/trace --export docs/runs/trace  # the run JSON, for a clone
+    python -m probes.results_trace --out docs/runs/trace --doc docs/results_trace.md  # the page, from runs alone
 
 What it runs, per packaged model (``mechfact llm models``; a model that is not installed is skipped), with the
 arguments of :func:`trace_argv` (the page's configuration; ``DIR``: the LRE authors' ``data/`` folder):
@@ -23,7 +23,6 @@ the geometric regime, ``<out>/facts/<name>/result.json``. The tests of the publi
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -312,8 +311,8 @@ def facts_table(out: Path) -> str:
 
 DOC_HEAD = """# Where models recall a fact: causal tracing
 
-This page is written by `python -m probes.tracing_study --out docs/runs/trace --doc docs/results_trace.md` from
-the run files under `docs/runs/trace` alone. `python -m probes.tracing_study --run --lre-data DIR` makes the run
+This page is written by `python -m probes.results_trace --out docs/runs/trace --doc docs/results_trace.md` from
+the run files under `docs/runs/trace` alone. `python -m probes.results_trace --run --lre-data DIR` makes the run
 folders under `runs/trace` with the page's configuration as its defaults (DIR: the LRE authors' `data/` folder,
 github evandez/relations); `--export docs/runs/trace` copies their JSON.
 
@@ -390,10 +389,10 @@ def figures(out: Path, img: Path) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="runs/trace")
-    ap.add_argument("--run", action="store_true", help="run what is missing first")
-    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    from probes import study
+    from probes.families import export, resume_shipped
+
+    ap = study.parser(__doc__.split("\n")[0], "runs/trace", "docs/results_trace.md", MODELS)
     ap.add_argument("--max-facts", type=int, default=MAX_FACTS,
                     help=f"known facts traced per relation (default {MAX_FACTS})")
     ap.add_argument("--lre-data", default=None, metavar="DIR",
@@ -402,32 +401,16 @@ def main(argv=None) -> None:
     ap.add_argument("--resume-from", default=None, metavar="DIR",
                     help="with --run: first copy the exported runs in DIR (e.g. docs/runs/trace) that --out lacks, "
                          "their data folder rewritten to --lre-data, so a stopped run continues relation by relation")
-    ap.add_argument("--export", default=None, metavar="DIR", help="copy the run JSON to DIR (e.g. docs/runs/trace)")
-    ap.add_argument("--doc", default=None, metavar="MD", help="write the page there (e.g. docs/results_trace.md)")
     ap.add_argument("--img", default="docs/img")
-    a = ap.parse_args(argv)
+    a = study.parse(ap, argv, MODELS)
     out = Path(a.out)
-    bad = [m for m in a.models if m not in MODELS]
-    if bad:
-        ap.error(f"--models {' '.join(bad)}: allowed {', '.join(MODELS)}")
     if a.run:
         if a.resume_from:
-            from probes.families import resume_shipped
-
             for f in resume_shipped(Path(a.resume_from), out, check_lre_data(a.lre_data)):
                 print(f"{f}: resumed from {a.resume_from}", file=sys.stderr)
         run(out, [m for m in a.models if _installed(m)], a.max_facts, a.lre_data, a.workers)
-    if a.export:
-        from probes.families import export
-
-        print(f"{export(out, Path(a.export))} files copied from {out} to {a.export}")
-    if a.doc:
-        write_doc(out, Path(a.doc))
-        figures(out, Path(a.img))
-        print(f"{a.doc} written from {out}")
-    else:
-        print(llm_table(out), "\n\n", facts_table(out))
-
+    study.finish(a, export, write_doc, figures=lambda: figures(out, Path(a.img)),
+                 tables=lambda: f"{llm_table(out)} \n\n {facts_table(out)}")
 
 if __name__ == "__main__":
     main()
