@@ -91,6 +91,10 @@ PARTS: dict[str, list[str]] = {
                           "attributes", "--grid", *grid, "--scan", "ascending", "--steps", "32000", *COS, "--seeds",
                           "3"]
        for N, grid in ((256, "6 7 8 9 10 12".split()), (1024, "10 11 12 13 14 16".split()))},
+    # the same ladder at R = 4 (N = 256, A = 64: d* 6-7 at 2000 steps)
+    **{f"pool_N256_R4_{k}": ["capacity", "--subjects", "256", "--relations", "4", "--attributes", "64", "--outputs",
+                             "attributes", "--grid", "3", "4", "5", "6", "7", "--scan", "ascending", "--steps",
+                             str(steps), *COS, "--seeds", "3"] for k, steps in (("8k", 8000), ("32k", 32000))},
     # 64x the steps at N = 256 (d* 12 -> 10 -> 9 over 2000 / 8000 / 32000 steps): does it stop at 9?
     "pool_N256_128k": ["capacity", "--subjects", "256", "--relations", "8", "--attributes", "64", "--outputs",
                        "attributes", "--grid", "7", "8", "9", "--scan", "ascending", "--steps", "128000", *COS,

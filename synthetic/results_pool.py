@@ -294,10 +294,12 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
         parts += names
         for name in names:
             c = read_json(src / "capacity" / name / "config.json")["config"]
-            n = int(name.split("_")[1][1:])  # pool_N<N><suffix>: one part per N
-            grids.setdefault(c["train"]["steps"], {})[n] = (c["grid"], c.get("scan", "bisect"))
+            n = int(name.split("_")[1][1:])  # pool_N<N>[_R<R>]<suffix>
+            rs = set(c.get("relations") or [t["relations"] for t in recs if t["subjects"] == n])
             for t in recs:
-                if t["subjects"] == n:
+                if t["subjects"] == n and t["relations"] in rs:
+                    grids.setdefault(c["train"]["steps"], {})[(n, t["relations"])] = (c["grid"],
+                                                                                      c.get("scan", "bisect"))
                     ladder.setdefault((t["subjects"], t["relations"], t["attributes"], t["seed"]), {})[
                         c["train"]["steps"]] = t
     if not ladder:
@@ -309,14 +311,14 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
     budgets = sorted({b for v in ladder.values() for b in v} | {2000})
 
     def at_min(t: dict, steps: int, n: int) -> bool:  # reached at the grid's smallest value: d* <= it
-        grid = grids.get(steps, {}).get(n, ([], ""))[0]
+        grid = grids.get(steps, {}).get((n, t["relations"]), ([], ""))[0]
         return bool(t.get("at_grid_min")) or (t["threshold"] is not None and bool(grid)
                                                and t["threshold"] == min(grid))
 
     def shown(t: dict | None, steps: int, n: int) -> str:
         if t is None:
             return "not run"
-        grid = grids.get(steps, {}).get(n, ([], ""))[0]
+        grid = grids.get(steps, {}).get((n, t["relations"]), ([], ""))[0]
         if t["threshold"] is None:
             return f"> {max(grid)}" if grid else "not reached"
         return f"<= {t['threshold']}" if at_min(t, steps, n) else str(t["threshold"])
@@ -325,26 +327,30 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
     for (n, r, a, seed) in sorted(ladder):
         settings.setdefault((n, r, a), []).append(seed)
     lines = ["| N | R | A | " + " | ".join(f"d* per seed, {b} steps" for b in budgets)
-             + f" | {budgets[-2]} and {budgets[-1]} steps agree |", "|---|---|---|" + "---|" * (len(budgets) + 1)]
+             + " | the two largest budgets run agree |", "|---|---|---|" + "---|" * (len(budgets) + 1)]
     verdicts = []
     for (n, r, a), seeds in settings.items():
         cells = [", ".join(shown(ladder[(n, r, a, s)].get(b), b, n) for s in seeds) for b in budgets]
-        pairs = [(ladder[(n, r, a, s)].get(budgets[-2]), ladder[(n, r, a, s)].get(budgets[-1])) for s in seeds]
+        run = [b for b in budgets if any(ladder[(n, r, a, s)].get(b) for s in seeds)]  # this setting's budgets
+        if len(run) < 2:
+            lines.append(f"| {n} | {r} | {a} | " + " | ".join(cells) + " | one budget |")
+            continue
+        lo, hi = run[-2], run[-1]
+        pairs = [(ladder[(n, r, a, s)].get(lo), ladder[(n, r, a, s)].get(hi)) for s in seeds]
         decided = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
-                   and y["threshold"] is not None and not at_min(x, budgets[-2], n)
-                   and not at_min(y, budgets[-1], n)]
+                   and y["threshold"] is not None and not at_min(x, lo, n) and not at_min(y, hi, n)]
         same = sum(x["threshold"] == y["threshold"] for x, y in decided)
-        agree = f"{same} of {len(seeds)} seeds" + ("" if len(decided) == len(seeds) else
-                                                    f" ({len(seeds) - len(decided)} not decided)")
+        agree = f"{lo} / {hi}: {same} of {len(seeds)} seeds" + ("" if len(decided) == len(seeds) else
+                                                                f" ({len(seeds) - len(decided)} not decided)")
         lines.append(f"| {n} | {r} | {a} | " + " | ".join(cells) + f" | {agree} |")
         if decided:
             last = sorted(y["threshold"] for _, y in decided)
             verdicts.append(f"N = {n}, R = {r}, A = {a}: " + (
-                f"converged at d* = {', '.join(map(str, last))} ({budgets[-1]} steps)" if same == len(seeds) else
-                f"not converged: {len(seeds) - same} of {len(seeds)} seeds still move between {budgets[-2]} and "
-                f"{budgets[-1]} steps (d* {', '.join(map(str, last))} at {budgets[-1]})"))
+                f"converged at d* = {', '.join(map(str, last))} ({lo} and {hi} steps agree)" if same == len(seeds)
+                else f"not converged: {len(seeds) - same} of {len(seeds)} seeds still move between {lo} and {hi} "
+                     f"steps (d* {', '.join(map(str, last))} at {hi})"))
     scans = [f"{b} steps: {'ascending scan' if sc == 'ascending' else 'bisection'} over {', '.join(map(str, g))} "
-             f"(N = {n})" for b, by_n in sorted(grids.items()) for n, (g, sc) in sorted(by_n.items())]
+             f"(N = {n}, R = {r})" for b, by_n in sorted(grids.items()) for (n, r), (g, sc) in sorted(by_n.items())]
     return ["### The step budget", "",
             f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the same worlds and seeds "
             f"with {' and '.join(f'{b // 2000}x' for b in budgets[1:])} the steps (the same warm-up and cosine schedule stretched, still stopped at 99%), on "

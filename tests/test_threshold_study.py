@@ -138,11 +138,11 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
     assert "| 256 | 4 | 16 | 22.2 | 11.1 | 5, 6 | 5.5 | 0.50 |" in page and "| 1024 | 4 | 16 | 27.7 | 11.1 | 5 | 5 |" in page
     assert "11.1 | 4, 4" not in page
     assert "- `pool_N1024`: unfinished, 3 thresholds so far" in page
-    assert ("| N | R | A | d* per seed, 2000 steps | d* per seed, 8000 steps | d* per seed, 32000 steps | 8000 and "
-            "32000 steps agree |") in page
-    assert "| 256 | 4 | 16 | 5, 6 | <= 4, 5 | 4, 5 | 1 of 2 seeds (1 not decided) |" in page
+    assert ("| N | R | A | d* per seed, 2000 steps | d* per seed, 8000 steps | d* per seed, 32000 steps | the two "
+            "largest budgets run agree |") in page
+    assert "| 256 | 4 | 16 | 5, 6 | <= 4, 5 | 4, 5 | 8000 / 32000: 1 of 2 seeds (1 not decided) |" in page
     assert "- N = 256, R = 4, A = 16: not converged: 0 of 2 seeds" not in page
-    assert "8000 steps: bisection over 4, 5 (N = 256); 32000 steps: ascending scan over 3, 4, 5 (N = 256)" in page
+    assert "8000 steps: bisection over 4, 5 (N = 256, R = 4); 32000 steps: ascending scan over 3, 4, 5 (N = 256, R = 4)" in page
     s256, s4096 = (int(PARTS[p][PARTS[p].index("--seeds") + 1]) for p in ("pool_N256", "pool_N4096"))
     assert f"- `pool_N4096`: about {1800 * 16 * s4096 / s256 / 3600:.1f} CPU hours" in page
     assert "`pool_N256_width`" not in page.split("## Not run here")[1]
