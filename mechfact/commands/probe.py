@@ -152,7 +152,6 @@ def _run(a) -> None:
     from ..llm.readout import run_llm_probe
     from ..targets import check_target
     from . import probe_runs as ex
-
     from .llm import run_lre, run_superposition
 
     kw = {"device": a.device_obj, "seed": a.seed}
