@@ -184,8 +184,8 @@ class _Outcomes:
         self.hits[:, t, s] += np.asarray(right, dtype=float)
 
     def estimate(self, seed: int):
-        trials = self.counts.sum(1) > 0
-        return stats.trial_mean(self.hits[:, trials], self.counts[trials], seed=seed, resample=INTERVALS)
+        """Rates with intervals (a trial without outcomes, e.g. skipped, is left out by the statistics)."""
+        return stats.trial_mean(self.hits, self.counts, seed=seed, resample=INTERVALS)
 
 
 def degenerate(row: dict) -> str | None:
@@ -446,9 +446,7 @@ def evaluate(lm, rel, cfg, layers: list[int], seed: int, progress: bool = False,
 def _paired(acc: _Outcomes, base: _Outcomes, seed: int) -> dict[str, list]:
     """Per beta: [difference, low, high, p] of F against a constant's hits on the same test facts (a paired
     bootstrap that draws trials, then subjects: :func:`mechfact.stats.trial_difference`)."""
-    trials = acc.counts.sum(1) > 0
-    d = stats.trial_difference(acc.hits[:, trials], base.hits[0, trials], acc.counts[trials], seed=seed,
-                               resample=INTERVALS)
+    d = stats.trial_difference(acc.hits, base.hits[0], acc.counts, seed=seed, resample=INTERVALS)
     return {str(b): [_f(d["diff"][q]), _f(d["low"][q]), _f(d["high"][q]), _f(d["p_value"][q])]
             for q, b in enumerate(AUTHORS_BETAS)}
 
