@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from pathlib import Path
 
 from synthetic.threshold_study import GEOMETRIC, collect, figure, table
@@ -277,7 +278,11 @@ def _power_line(recs: list[dict]) -> list[str]:
     return [text + ".", ""]
 
 
-BUDGETS = ("_8k", "_32k", "_128k")  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
+BUDGETS = ("_8k", "_32k", "_128k")
+
+
+def _and(xs: list[str]) -> str:
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
 
 
 def _budget_section(src: Path, base: list[dict]) -> list[str]:
@@ -349,15 +354,35 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
                 f"converged at d* = {', '.join(map(str, last))} ({lo} and {hi} steps agree)" if same == len(seeds)
                 else f"not converged: {len(seeds) - same} of {len(seeds)} seeds still move between {lo} and {hi} "
                      f"steps (d* {', '.join(map(str, last))} at {hi})"))
+    # how d* grows with N at each budget, where two N share R and A: the ratio of the medians against R ln N's
+    ratios = []
+    for (r, a) in sorted({(r, a) for (_, r, a) in settings}):
+        ns = sorted(n for (n, rr, aa) in settings if (rr, aa) == (r, a))
+        for n1, n2 in zip(ns, ns[1:]):
+            got = []
+            for b in budgets:
+                m1, m2 = ([x["threshold"] for s in settings[(n, r, a)] if (x := ladder[(n, r, a, s)].get(b))
+                           and x["threshold"] is not None] for n in (n1, n2))
+                if m1 and m2 and len(m1) == len(settings[(n1, r, a)]) and len(m2) == len(settings[(n2, r, a)]):
+                    got.append((b, statistics.median(m2) / statistics.median(m1)))
+            if len(got) > 1:
+                k = math.log(n2 / n1)
+                ratios.append(
+                    f"- d*(N = {n2}) / d*(N = {n1}) at R = {r}, A = {a}, medians: "
+                    + ", ".join(f"{q:.2f} at {b}" for b, q in got) + " steps (as a power of N: "
+                    + ", ".join(f"N^{math.log(q) / k:.2f}" for _, q in got) + f"); R ln N predicts "
+                    f"{math.log(n2) / math.log(n1):.2f} (N^{math.log(math.log(n2) / math.log(n1)) / k:.2f} over this "
+                    "range).")
+
     scans = [f"{b} steps: {'ascending scan' if sc == 'ascending' else 'bisection'} over {', '.join(map(str, g))} "
              f"(N = {n}, R = {r})" for b, by_n in sorted(grids.items()) for (n, r), (g, sc) in sorted(by_n.items())]
     return ["### The step budget", "",
             f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the same worlds and seeds "
-            f"with {' and '.join(f'{b // 2000}x' for b in budgets[1:])} the steps (the same warm-up and cosine schedule stretched, still stopped at 99%), on "
+            f"with {_and([f'{b // 2000}x' for b in budgets[1:]])} the steps (the same warm-up and cosine schedule stretched, still stopped at 99%), on "
             "grids that start below the 2000-step thresholds (" + "; ".join(scans) + "). `<= g`: reached at the "
             "grid's smallest value (the threshold is at most g); `> g`: never reached. A threshold has converged "
             "for this schedule where the two largest budgets give the same d*.", "",
-            *lines, "", *[f"- {v}." for v in verdicts], ""]
+            *lines, "", *[f"- {v}." for v in verdicts], *ratios, ""]
 
 
 def _width_section(src: Path) -> list[str]:
