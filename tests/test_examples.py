@@ -34,12 +34,14 @@ def test_interventions_example_breaks_only_the_ablated_relation():
     assert float(re.search(r"moved to pi_3\(s\) for ([\d.]+)", stdout).group(1)) >= 0.95
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_swap_example_is_zero_shot():
     stdout = _run_example("swap_facts.py")
     assert float(re.search(r"zero-shot\s+([\d.]+)", stdout).group(1)) >= 0.95
     assert float(re.search(r"another world: ([\d.]+)", stdout).group(1)) <= 0.05
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_readout_example_reads_heldout_subjects():
     stdout = _run_example("readout_superposition.py")
     accs = [float(a) for a in re.findall(r"accuracy ([\d.]+)", stdout)]
@@ -47,6 +49,7 @@ def test_readout_example_reads_heldout_subjects():
     assert float(re.search(r"held-out ([\d.-]+)", stdout).group(1)) >= 0.95
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_facts_memorisation_example():
     stdout = _run_example("facts_memorisation.py")
     acc = {e: float(a) for e, a in re.findall(r"^\s*(trainable|frozen) embeddings.*accuracy ([\d.]+)", stdout, re.M)}

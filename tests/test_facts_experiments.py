@@ -275,6 +275,7 @@ def test_world_and_init_seeds_are_separate(tmp_path):
     assert model.cfg.seed == 0 and load_fact_run(tmp_path / "c")[0].cfg.seed == 7
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_capacity_in_attribute_pool_worlds_follows_the_pool(tmp_path, one_thread):
     """d* searched per pool size A: a smaller pool needs a smaller width at every R, d* grows with R, and across
     the grid d* follows R ln A (the pool's entropy) better than R ln N (the same N throughout)."""

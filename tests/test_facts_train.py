@@ -132,6 +132,7 @@ def test_linear_squared_error_matches_dense():
         losses.linear_squared_error(h, W, t[:29])
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_squared_loss_with_l2_converges_to_a_fixed_point():
     """loss="mse" + coupled l2 has a finite minimiser: the logits approach their targets (not ever-growing
     margins as under cross-entropy) and the parameters stop moving."""

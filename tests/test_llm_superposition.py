@@ -102,6 +102,7 @@ def test_known_subjects_are_scored_apart_from_unknown_ones(lm, monkeypatch, only
     assert res.records[0]["known_contrast_beyond_layer0"]["n_known"] == 20
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_standardize_keeps_one_massive_coordinate_from_deciding_r2(lm, monkeypatch, one_thread, caplog):
     """Planted structure plus one coordinate 1000x larger that varies with something else (as a position-dependent
     'massive activation' would): raw pooled R^2 is decided by that coordinate (about 0 or below), standardised it

@@ -135,6 +135,7 @@ def test_claim_trained_capacity_above_half_and_hebb_below_eighth(tmp_path):
     assert trained["summary"][0]["alpha_c_median"] > 4 * hebb["summary"][0]["alpha_c_median"]
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_claim_decoupled_matches_original(tmp_path):
     op = _capacity(tmp_path, "op", [16], 3, method="trained", problem="original")
     dp = _capacity(tmp_path, "dp", [16], 3, method="trained", problem="decoupled")
@@ -179,6 +180,7 @@ def test_spectrum_op_matches_dp_and_quarter_circle(tmp_path):
     assert bad["ks_to_theory"]["x"] > crit
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_rank_capacity_monotone_in_kappa(tmp_path):
     cfg = ex.RankConfig(d=[16], kappas=[0.25, 0.5, 1.0], seeds=2, train=MemoryTrainConfig(steps=1500, patience=300), rel_tol=0.04)
     res = ex.run_rank(cfg, tmp_path, device=CPU, executor=LocalExecutor(progress=False))

@@ -74,6 +74,7 @@ def test_bad_problem_arguments():
         MemoryProblem("original", 0, 10, 0)
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_decoupled_scores_never_hold_dense_candidates():
     """p = 4000, d = 32: dense candidates would take 2 GB; chunked scoring stays far below.
 

@@ -70,6 +70,7 @@ def test_shuffled_labels_score_at_chance_with_a_wide_interval_and_real_ones_do_n
     assert shuf["best_on_test_upper_bound"] >= shuf["readout_accuracy"]
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_selection_on_noise_stays_at_chance_where_the_best_on_test_layer_does_not():
     """Twenty layers of pure noise, five seeds: the validation-chosen layer scores at the prior baseline on
     average (and so does the control, chosen the same way), while the best layer on the test data scores

@@ -8,6 +8,7 @@ import pytest
 from synthetic import regime_map as M
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_regime_map_changes_one_factor_per_variant_resumes_and_tabulates(tmp_path, one_thread, capsys):
     out = tmp_path / "m"
     argv = ["--out", str(out), "--subjects", "32", "--relations", "2", "--attributes", "4", "--d-star", "2",

@@ -253,6 +253,7 @@ def test_llm_rows_carry_p_values_intervals_and_matched_nulls(lm, monkeypatch, pl
         assert row["decodability"]["rel1"]["p_value"] > 0.05
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_attribute_subspace_null_is_matched(lm, monkeypatch, one_thread):
     """Noise states: the attribute subspace fitted with the true attributes overfits them on the training subjects,
     so held-out R^2 in it falls below what shuffled attributes get in that same subspace; a null that reused it

@@ -11,6 +11,7 @@ from synthetic import pool_estimates as PE, pool_mechanism as PM, pool_runs as P
 from synthetic import threshold_study as T
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_threshold_study_trains_at_multiples_of_d_star_resumes_and_tabulates(tmp_path, one_thread, capsys):
     cap = tmp_path / "cap"
     cap.mkdir()
@@ -74,6 +75,7 @@ def test_the_pool_page_is_what_its_command_writes_from_the_shipped_runs(tmp_path
     assert (tmp_path / "page.md").read_text() == (root / "docs/results_pool.md").read_text()
 
 
+@pytest.mark.slow  # seconds of training: the slow tier keeps the fast one under 5 minutes
 def test_at_the_threshold_the_default_regime_memorises_without_the_geometry_and_the_geometric_does_not_memorise(
         tmp_path, one_thread):
     """The trend the pool page reports, at small scale (N = 64, R = 2, A = 8, d = 3, where the default regime just
