@@ -115,6 +115,7 @@ def test_lre_and_training_leave_gradient_flags_as_they_were(one_thread):
     assert {n: p.requires_grad for n, p in fm.named_parameters()} == flags
 
 
+@pytest.mark.slow  # seconds: the slow tier keeps the fast one under 5 minutes
 def test_plotting_leaves_the_matplotlib_backend_alone(tmp_path):
     code = f"""
 import matplotlib

@@ -50,6 +50,7 @@ def test_the_doc_uses_public_names_only():
     assert used - {"memory", "__all__"} <= set(mechfact.__all__), used - set(mechfact.__all__)
 
 
+@pytest.mark.slow  # seconds: the slow tier keeps the fast one under 5 minutes
 def test_api_doc_without_the_embedded_model(tmp_path, one_thread):
     """Sections 1-3 and 6-7: an in-memory Hugging Face model, a Relation, readout + LRE, a trained fact model."""
     cwd = tmp_path / "nb"

@@ -9,6 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # seconds: the slow tier keeps the fast one under 5 minutes
 def test_linear_memory_example_runs_and_reports_numbers():
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "linear_memory.py")], capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
@@ -25,6 +26,7 @@ def _run_example(name: str) -> str:
     return out.stdout
 
 
+@pytest.mark.slow  # seconds: the slow tier keeps the fast one under 5 minutes
 def test_interventions_example_breaks_only_the_ablated_relation():
     stdout = _run_example("interventions.py")
     rows = {int(r): (float(c), float(a), float(x))

@@ -31,6 +31,7 @@ def lm(tmp_path_factory):
     return load_model(str(build_model("llama", tmp_path_factory.mktemp("sp") / "llama")))
 
 
+@pytest.mark.slow  # seconds: the slow tier keeps the fast one under 5 minutes
 @pytest.mark.parametrize("planted", [True, False])
 def test_finds_planted_superposition_and_not_random_states(lm, monkeypatch, planted, one_thread):
     """States built as c + sum_r a_r(s) M_r + noise: held-out R^2 high, controls low; random states: R^2 ~ 0.

@@ -101,6 +101,7 @@ def test_exported_runs_rebuild_the_same_page_without_machine_paths(tmp_path):
 @pytest.mark.parametrize("module,runs,page", [("results_llm", "docs/runs/fam", "docs/results_llm.md"),
                                               ("results_trace", "docs/runs/trace", "docs/results_trace.md"),
                                               ("results_recall", "docs/runs/recall", "docs/results_recall.md")])
+@pytest.mark.slow  # seconds: the slow tier keeps the fast one under 5 minutes
 def test_the_results_pages_are_what_their_command_writes_from_the_shipped_runs(module, runs, page, tmp_path):
     """No cell is typed by hand: the page in docs/ is byte for byte the command's output from docs/runs."""
     import importlib

@@ -65,6 +65,7 @@ def test_threshold_study_trains_at_multiples_of_d_star_resumes_and_tabulates(tmp
     assert (tmp_path / "img" / "dstar_pool.png").stat().st_size > 0 and (tmp_path / "img" / "threshold.png").is_file()
 
 
+@pytest.mark.slow  # seconds: the slow tier keeps the fast one under 5 minutes
 def test_the_pool_page_is_what_its_command_writes_from_the_shipped_runs(tmp_path):
     from pathlib import Path
 
