@@ -42,6 +42,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Relation": ("mechfact.llm.relations", "Relation"),
     "load_relations": ("mechfact.llm.relations", "load_relations"),
     "probe_set": ("mechfact.llm.prompts", "probe_set"),
+    "as_queries": ("mechfact.targets", "as_queries"),
     "layer_readout": ("mechfact.llm.readout", "layer_readout"),
     "lre": ("mechfact.llm.lre", "lre"),
     "lre_sweep": ("mechfact.llm.lre", "lre_sweep"),

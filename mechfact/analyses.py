@@ -17,118 +17,148 @@ and from that one declaration come
 * the Python entry point :func:`run` (``mechfact.analyses.run("knockout", model, source, out=...)``) and the
   list :data:`ANALYSES`.
 
-The analyses registered here are the causal experiments of :mod:`mechfact.causal`: trace, knockout,
-attribute-rate, extraction, attribution, transfer and selectivity.
+An analysis that runs from a config and writes its own run folder is declared by the config instead, one
+:class:`Variant` per kind of model (:data:`MODEL_KINDS`)::
+
+    register("scores", help="...", fact=variant(LogitScoresConfig, run_scores),
+             pretrained=variant(LogitScoresConfig, run_scores, relations="load", prompts=True))
+
+Its flags are the config's fields (:func:`mechfact.analysis_options.config_options`), each given flag into the
+config and the others at the config's defaults; a flag of the other kind of model is refused, naming it; the run
+folder is the writer's (:mod:`mechfact.probe_runs`, ``mechfact.llm``'s ``run_llm_*``); :func:`run` takes the
+model's spec (a run folder or a pretrained model's name) for these.
+
+Registered here: readout, superposition, lre, intervene, swap and scores (by their configs; ``mechfact llm
+probe|lre|superposition`` are the pretrained forms of three of them) and the causal experiments of
+:mod:`mechfact.causal` (by their functions): trace, knockout, attribute-rate, extraction, attribution, transfer
+and selectivity.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Option", "Analysis", "ANALYSES", "register", "run", "options_of"]
+from .analysis_options import Option, config_options, int_list, options_of
 
-# what an option means, where the function's own signature cannot say it (shared by every analysis)
-COMMON_DOCS = {
-    "max_facts": "known facts per relation (default: every known fact)",
-    "k_shot": "in-context examples in every prompt",
-    "template": "index of the relation's prompt template",
-    "layers": "comma-separated layers (default: every layer)",
-}
+__all__ = ["Option", "Variant", "Analysis", "ANALYSES", "MODEL_KINDS", "register", "run", "options_of",
+           "config_options"]
 
+MODEL_KINDS = ("fact", "pretrained")  # a fact-model run folder, or a pretrained language model
 
 @dataclass(frozen=True)
-class Option:
-    """One keyword option of an analysis: its name, default, parsed type and help."""
+class Variant:
+    """How an analysis runs on one kind of model (:data:`MODEL_KINDS`).
 
-    name: str
-    default: Any
-    kind: str  # "int", "float", "str", "bool", "ints", "strs"
-    help: str
-    choices: tuple | None = None
+    ``config``: the config dataclass; ``options``: its flags (:func:`config_options`) and the prompt options
+    (``load``) that go to building the queries rather than into the config; ``run(spec, cfg, out, *, device,
+    seed, progress, [executor], **load)`` writes the run folder and returns result.json's content.
+    ``relations``: where ``--relations`` goes (``"ids"``: comma-separated relation ids into the config, a fact
+    model; ``"config"``: the relation file or folder into the config; ``"load"``: to the prompts; None: refused).
+    ``build``: the config from the option values, where it is not ``config(**values)``.
+    """
 
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+    config: type
+    run: Callable
+    options: tuple[Option, ...]
+    load: tuple[str, ...] = ()
+    relations: str | None = None
+    build: Callable[[dict], Any] | None = None
+    executor: bool = False
 
-    def parse(self, text: str) -> Any:
-        """The value of ``--flag text``; ValueError naming the flag, the bad value and what is allowed."""
-        try:
-            if self.kind == "int":
-                return int(text)
-            if self.kind == "float":
-                v = float(text)
-                if v != v or v in (float("inf"), float("-inf")):
-                    raise ValueError
-                return v
-            if self.kind == "ints":
-                return tuple(int(x) for x in text.split(",") if x.strip())
-            if self.kind == "strs":
-                return tuple(x.strip() for x in text.split(",") if x.strip())
-        except ValueError:
-            what = {"int": "an integer", "float": "a finite number", "ints": "comma-separated integers"}[self.kind]
-            raise ValueError(f"{self.flag} {text}: expected {what}") from None
-        if self.choices is not None and text not in self.choices:
-            raise ValueError(f"{self.flag} {text}: allowed values are {', '.join(self.choices)}")
-        return text
+    def configure(self, values: dict, *, spec, relations: str | None = None) -> tuple[Any, dict]:
+        """(config, load options) from the given option values (the others keep their defaults)."""
+        values = dict(values)
+        load = {k: values.pop(k) for k in list(values) if k in self.load}
+        if relations is not None:
+            if self.relations == "ids":
+                try:
+                    values["relations"] = [int(x) for x in str(relations).split(",") if x.strip()]
+                except ValueError:
+                    raise ValueError(f"--relations {relations}: expected comma-separated integers (relation ids of a "
+                                     "fact model; a relation file or folder goes with a pretrained --model)") from None
+            elif self.relations == "config":
+                values["relations"] = str(relations)
+            elif self.relations == "load":
+                load["relations"] = str(relations)
+            else:
+                raise ValueError(f"--relations {relations}: a fact model runs on its own world; --relations is for "
+                                 "a pretrained --model")
+        if self.build is not None:
+            return self.build(values), self._load(load)
+        if "model" in {f.name for f in dataclasses.fields(self.config)}:
+            values["model"] = str(spec)
+        return self.config(**{k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}), self._load(load)
 
+    def _load(self, load: dict) -> dict:
+        if not self.load:
+            return {}
+        from .llm.readout import PromptOptions
 
-def _kind(param: inspect.Parameter, hint: Any) -> str:
-    d = param.default
-    if isinstance(d, bool):
-        return "bool"
-    if isinstance(d, int):
-        return "int"
-    if isinstance(d, float):
-        return "float"
-    if isinstance(d, str):
-        return "str"
-    if isinstance(d, tuple):
-        if not d:  # the annotation says what an empty default holds (tuple[int, ...]: integers)
-            return "ints" if int in typing.get_args(hint) else "strs"
-        return "ints" if all(isinstance(x, int) for x in d) else "strs"
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    base = args[0] if len(args) == 1 else hint
-    if base is int:
-        return "int"
-    if base is float:
-        return "float"
-    if base is str:
-        return "str"
-    return "ints"  # layers=None and the like: a comma list of integers
-
-
-def options_of(fn: Callable, docs: dict[str, str] | None = None, choices: dict[str, tuple] | None = None,
-               skip: tuple[str, ...] = ()) -> tuple[Option, ...]:
-    """The keyword options of ``fn`` (after ``model, source``), without ``seed`` and ``progress`` (every command
-    has ``--seed`` and ``--quiet``) and ``skip``."""
-    sig = inspect.signature(fn)
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # noqa: BLE001 - annotations that do not resolve: the defaults decide
-        hints = {}
-    out = []
-    for p in sig.parameters.values():
-        if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.name in ("seed", "progress", *skip):
-            continue
-        help_ = (docs or {}).get(p.name) or COMMON_DOCS.get(p.name) or p.name.replace("_", " ")
-        out.append(Option(p.name, p.default, _kind(p, hints.get(p.name)), help_, (choices or {}).get(p.name)))
-    return tuple(out)
+        opts = PromptOptions(**{k: list(v) if isinstance(v, tuple) else v for k, v in load.items()
+                                if k != "relations"})
+        return {"relations": load.get("relations"), **opts.to_dict()}
 
 
 @dataclass(frozen=True)
 class Analysis:
-    """A registered analysis (:func:`register`)."""
+    """A registered analysis (:func:`register`): a function on a loaded model (``fn``), or a config and a run
+    folder writer per kind of model (``variants``, ``fn`` None)."""
 
     name: str
-    fn: Callable
+    fn: Callable | None
     help: str
     options: tuple[Option, ...]
     per_relation: bool = False  # run relation by relation (each summarised) and pooled
     summarise: Callable[[Any, int], dict] | None = None
+    variants: dict = dataclasses.field(default_factory=dict)  # model kind -> Variant
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of model it runs on (:data:`MODEL_KINDS`)."""
+        return tuple(self.variants) if self.variants else MODEL_KINDS
+
+    def variant(self, kind: str, given=(), relations: str | None = None) -> Variant:
+        """The variant for ``kind``; ValueError where the analysis does not run on that kind, or where options of
+        another kind (or ``--relations`` it does not take) were given, naming their flags."""
+        if kind not in self.kinds:
+            need = {"fact": "a synthetic fact model (world.json)", "pretrained": "a pretrained model"}
+            raise ValueError(f"probe {self.name} needs {' or '.join(need[k] for k in self.kinds)}; the --model "
+                             f"given is a {'fact model' if kind == 'fact' else 'pretrained model'}")
+        v = self.variants[kind]
+        mine = {o.name for o in v.options}
+        other = [o.flag for o in self.options if o.name in given and o.name not in mine]
+        if relations is not None and v.relations is None and any(x.relations for x in self.variants.values()):
+            other.append("--relations")
+        if other:
+            takes = ", ".join(o.flag for o in v.options) or "no options"
+            raise ValueError(f"probe {self.name}: {', '.join(other)} apply to "
+                             f"{'a pretrained' if kind == 'fact' else 'a fact-model'} --model; "
+                             f"{'a fact model' if kind == 'fact' else 'a pretrained model'} takes {takes}")
+        return v
+
+    def run_spec(self, spec, *, out, relations: str | None = None, seed: int = 0, device="cpu",
+                 progress: bool = False, executor=None, run_kw: dict | None = None, **options) -> dict:
+        """Runs a config analysis on the model ``spec`` (a fact-model run folder, or a pretrained model: hub
+        name, local folder, ``.gguf``, short name) into the run folder ``out``; result.json's content."""
+        from .targets import check_target
+
+        if not isinstance(spec, (str, Path)):
+            raise TypeError(f"analysis {self.name} runs on a model spec (a fact-model run folder, hub name, local "
+                            f"folder, .gguf file or short name), not on a loaded {type(spec).__name__}")
+        known = {o.name for o in self.options}
+        bad = sorted(set(options) - known)
+        if bad:
+            raise ValueError(f"{self.name}: unknown option {', '.join(bad)}; allowed: {', '.join(sorted(known))}")
+        v = self.variant(check_target(spec), options, relations)
+        cfg, load = v.configure(options, spec=spec, relations=relations)
+        kw = {"device": device, "seed": seed, "progress": progress, **(run_kw or {}), **load}
+        if v.executor:
+            kw["executor"] = executor
+        return v.run(spec, cfg, out, **kw)
 
     def config(self, **options) -> dict:
         """Every option with its value (defaults filled in); an unknown name is a ValueError listing the known."""
@@ -172,15 +202,50 @@ class Analysis:
 ANALYSES: dict[str, Analysis] = {}
 
 
-def register(name: str, fn: Callable, *, help: str, docs: dict[str, str] | None = None,
+def register(name: str, fn: Callable | None = None, *, help: str, docs: dict[str, str] | None = None,
              choices: dict[str, tuple] | None = None, skip: tuple[str, ...] = (), per_relation: bool = False,
-             summarise: Callable[[Any, int], dict] | None = None) -> Analysis:
-    """Declares analysis ``name`` (module docstring); registering a name twice is an error."""
+             summarise: Callable[[Any, int], dict] | None = None, fact: Variant | None = None,
+             pretrained: Variant | None = None) -> Analysis:
+    """Declares analysis ``name`` (module docstring): a function ``fn`` on a loaded model, or a :class:`Variant`
+    for a fact model and / or a pretrained one (:func:`variant`); registering a name twice is an error."""
     if name in ANALYSES:
         raise ValueError(f"analysis {name!r} is registered already")
-    a = Analysis(name, fn, help, options_of(fn, docs, choices, skip), per_relation, summarise)
+    variants = {k: v for k, v in (("fact", fact), ("pretrained", pretrained)) if v is not None}
+    if (fn is None) == (not variants):
+        raise ValueError(f"analysis {name!r}: give a function, or a fact / pretrained variant (not both)")
+    if fn is not None:
+        a = Analysis(name, fn, help, options_of(fn, docs, choices, skip), per_relation, summarise)
+    else:
+        merged: dict[str, Option] = {}
+        for v in variants.values():
+            for o in v.options:
+                if o.name in merged and (merged[o.name].kind, merged[o.name].flag) != (o.kind, o.flag):
+                    raise ValueError(f"analysis {name!r}: option {o.name} is {merged[o.name].flag} "
+                                     f"({merged[o.name].kind}) on one kind of model and {o.flag} ({o.kind}) on "
+                                     "the other")
+                merged.setdefault(o.name, o)
+        a = Analysis(name, None, help, tuple(merged.values()), variants=variants)
     ANALYSES[name] = a
     return a
+
+
+def variant(config: type, run: Callable, *, docs: dict[str, str] | None = None, flags: dict[str, str] | None = None,
+            choices: dict[str, tuple] | None = None, parsers: dict[str, Callable] | None = None,
+            skip: tuple[str, ...] = (), options: tuple[Option, ...] | None = None, prompts: bool = False,
+            relations: str | None = None, build: Callable[[dict], Any] | None = None,
+            executor: bool = False) -> Variant:
+    """A :class:`Variant`: the options are the fields of ``config`` (:func:`config_options`; or ``options``
+    where the config is nested, with ``build``), plus the prompt options of a pretrained model (``prompts``:
+    the fields of :class:`mechfact.llm.readout.PromptOptions`, handed to ``run``)."""
+    opts = options if options is not None else config_options(config, docs=docs, flags=flags, choices=choices,
+                                                              parsers=parsers, skip=skip)
+    load: tuple[str, ...] = ()
+    if prompts:
+        from .llm.readout import PromptOptions
+
+        extra = config_options(PromptOptions, docs=docs, flags=flags, choices=choices)
+        opts, load = opts + extra, tuple(o.name for o in extra)
+    return Variant(config, run, opts, load, relations, build, executor)
 
 
 def _source(model, world, relations):
@@ -202,6 +267,9 @@ def run(name: str, model, source=None, *, out, seed: int = 0, device: str = "cpu
     if name not in ANALYSES:
         raise ValueError(f"analysis {name!r}: allowed: {', '.join(sorted(ANALYSES))}")
     a = ANALYSES[name]
+    if a.variants:
+        return a.run_spec(model_spec or model, out=out, relations=relations, seed=seed, device=device,
+                          progress=progress, **options)
     cfg = {"model": model_spec or getattr(model, "name", type(model).__name__), "relations": relations,
            **a.config(**options)}
     identity = {"model_id": model.model_id} if getattr(model, "model_id", None) else {}
@@ -214,6 +282,147 @@ def run(name: str, model, source=None, *, out, seed: int = 0, device: str = "cpu
     src = source if source is not None else _source(model, None, relations)
     result = {"analysis": name, **a.compute(model, src, seed=seed, progress=progress, **a.config(**options))}
     return rd.finish(result, model=cfg["model"])
+
+
+def _sweep_layers(text: str) -> tuple[int, ...]:
+    try:
+        if text.strip().lower() == "all":
+            raise ValueError
+        return int_list(text, allow_all=False)
+    except ValueError:
+        raise ValueError("the LRE sweeps listed layers, e.g. 3,9,15 or 4-20") from None
+
+
+def _edit_ranks(text: str) -> tuple[int, ...]:
+    from .llm.lre.protocol_authors import AUTHORS_RANKS
+
+    if text.strip().lower() == "authors":
+        return tuple(AUTHORS_RANKS)
+    try:
+        return int_list(text, allow_all=False)
+    except ValueError:
+        raise ValueError("expected comma-separated ranks, e.g. 16,64,256, or authors") from None
+
+
+def _swap_config(values: dict):
+    from .facts.train import TrainConfig
+    from .targets import SwapConfig
+
+    steps, lr = values.pop("steps", 300), values.pop("lr", 1e-2)
+    retrain = TrainConfig(lr=lr, steps=steps, eval_every=max(1, steps // 12), target_accuracy=None)
+    return SwapConfig(new_seed=values.pop("new_seed", 1), retrain=retrain)
+
+
+_PROMPT_DOCS = {"k_shot": "in-context examples per prompt (default 3)",
+                "template": "prompt template index per relation (default 0)"}
+
+
+def _register_configured() -> None:
+    """The analyses declared with a config per kind of model: readout, superposition, lre, intervene, swap,
+    scores."""
+    from . import probe_runs as R
+    from .llm.lre import LreConfig
+    from .llm.readout import POSITIONS, SITES, ProbeConfig
+    from .llm.superposition import ATTRIBUTES, LlmSuperpositionConfig
+    from .probes.queries import PADDING
+
+    register("readout", help="linear readouts per relation and hook site (fact model) or per layer (pretrained "
+                             "model: mechfact llm probe)",
+             fact=variant(R.ReadoutConfig, R.run_readout, relations="ids", choices={"kind": ("auto", "vector",
+                                                                                             "classifier")},
+                          docs={"sites": "HOOK@POSITION ... (default: embed@subject, resid_mid, mlp_post, "
+                                         "resid_post @last)",
+                                "kind": "vector or classifier readout (auto: vector where the objects have "
+                                        "unembedding vectors)",
+                                "heldout_fraction": "share of subjects held out",
+                                "alpha": "ridge strength of vector readouts (features at unit RMS)"}),
+             pretrained=variant(ProbeConfig, R.run_llm_readout, relations="config", executor=True,
+                                choices={"site": SITES, "position": POSITIONS, "readout_on": ("all", "known"),
+                                         "split": ("stratified", "random"), "padding": PADDING},
+                                docs={**_PROMPT_DOCS,
+                                      "position": "subject_last (= subject), subject_first or last",
+                                      "known_tokens": "a fact is known if the greedy next tokens match the "
+                                                      "object's first N tokens",
+                                      "readout_on": "facts used by the readout",
+                                      "known_only": "fit and score the readout on the facts the model knows "
+                                                    "only (= --readout-on known)",
+                                      "heldout_fraction": "share of subjects held out: round(1 / share) folds",
+                                      "n_splits": "held-out subject folds scored in turn, each fact once",
+                                      "split": "subjects dealt to folds at random, or each object's subjects "
+                                               "spread evenly over the folds; every fact of a subject lies on one "
+                                               "side",
+                                      "inner_folds": "folds of the training subjects that choose the reported "
+                                                     "layer",
+                                      "C": "logistic-regression regularisation (classifier readout)",
+                                      "alpha": "ridge strength of the vector readout (features at unit RMS)"}))
+    register("superposition", help="regress subject embeddings (fact model) or states (pretrained model, per "
+                                   "layer, with controls: mechfact llm superposition) on their attribute vectors",
+             fact=variant(R.SuperpositionConfig, R.run_superposition,
+                          docs={"heldout_fraction": "share of subjects held out of the fit"}),
+             pretrained=variant(LlmSuperpositionConfig, R.run_llm_superposition, relations="config",
+                                choices={"attributes": ATTRIBUTES},
+                                docs={"prompt": "relation-neutral prompt with one {} (default: the subject alone), "
+                                                "or 'words' for 'Some facts about {}'",
+                                      "attributes": "attribute code: the object's unembedding row, or a one-hot "
+                                                    "class code",
+                                      "heldout_fraction": "share of subjects held out per fold when --folds is "
+                                                          "not given (0.2: 5 folds)",
+                                      "n_splits": "repeats of the k-fold partition",
+                                      "min_relations": "relations every subject must carry",
+                                      "standardize": "z-score every coordinate of the state on the training "
+                                                     "subjects before the fit",
+                                      "folds": "k of the k-fold over subjects (default: 1 / --heldout)",
+                                      "n_null": "draws of each null: shuffled attributes, random attribute "
+                                                "vectors, each relation shuffled alone, shuffled readout labels",
+                                      "nuisance_pcs": "principal components of the layer-0 state among the "
+                                                      "nuisance regressors, beside the token count",
+                                      "drop_massive": "remove every coordinate that holds more than 10%% of the "
+                                                      "training subjects' variance before the fit"}))
+    register("lre", help="linear relational embeddings (pretrained model): faithfulness and causality "
+                         "(mechfact llm lre)",
+             pretrained=variant(LreConfig, R.run_llm_lre, relations="config", executor=True,
+                                parsers={"layers": _sweep_layers, "ranks": _edit_ranks},
+                                choices={"facts": ("known", "all"), "protocol": ("authors", "mechfact")},
+                                docs={**_PROMPT_DOCS,
+                                      "layer": "subject layer l (default: n_layers // 2, 15 for the embedded "
+                                               "SmolLM2-135M-Instruct)",
+                                      "layers": "sweep subject layers instead, e.g. 3,9,15 or 4-20 (each relation "
+                                                "reported at its best layer)",
+                                      "beta": "LRE scale beta, fixed in advance (default: 2.25, the authors' GPT-J "
+                                              "value; 1 with --protocol mechfact)",
+                                      "rank": "mechfact protocol: rank of the pseudo-inverse of causality edits",
+                                      "n_train": "facts whose Jacobians are averaged",
+                                      "facts": "known: only facts the model completes correctly; all: every fact, "
+                                               "scored against the model's own prediction",
+                                      "max_test": "cap on test facts per relation (default all)",
+                                      "max_causality": "authors: at most this many causality edits per trial, "
+                                                       "round-robin over objects (default: one per test fact; "
+                                                       "0: faithfulness only)",
+                                      "chunk": "Jacobian input directions per tangent product (default: all)",
+                                      "protocol": "authors: Hernandez et al.'s sweep, every choice made on "
+                                                  "training facts; mechfact: the first protocol",
+                                      "n_trials": "authors: trials averaged, each its own split, prompt, filter "
+                                                  "and operator (the paper ran up to 24)",
+                                      "ranks": "authors: edit ranks swept, e.g. 16,64,256, or 'authors' for "
+                                               "their 0,8,...,312 (default 16..256 and full)"}))
+    iv = {"site": "hook of the units (default blocks.LAYER.mlp.hook_post)",
+          "n_units": "units per relation (default: all that prefer it)", "kind": "ablation: zero or mean",
+          "relations": "relation ids to ablate (default all)"}
+    register("intervene", help="selector-unit ablation, relation selectivity, relation-token swaps",
+             fact=variant(R.InterveneConfig, R.run_intervene, relations="ids", skip=("swap_pairs",), docs=iv,
+                          flags={"n_units": "units", "kind": "ablation"}, choices={"kind": ("zero", "mean")}),
+             pretrained=variant(R.InterveneConfig, R.run_intervene, relations="load", skip=("swap_pairs",),
+                                prompts=True, docs={**iv, **_PROMPT_DOCS}, choices={"kind": ("zero", "mean")},
+                                flags={"n_units": "units", "kind": "ablation", "relations": "relation_ids"}))
+    register("swap", help="freeze-and-swap: new bijections, zero-shot and retrained embeddings",
+             fact=variant(R.SwapConfig, R.run_swap, build=_swap_config,
+                          options=(Option("new_seed", 1, "int", "seed of the new bijections"),
+                                   Option("steps", 300, "int", "retraining steps"),
+                                   Option("lr", 1e-2, "float", "retraining Adam lr"))))
+    register("scores", help="target vs competitor logits (EVT line) and spectra of effective maps",
+             fact=variant(R.LogitScoresConfig, R.run_scores),
+             pretrained=variant(R.LogitScoresConfig, R.run_scores, relations="load", prompts=True,
+                                docs=_PROMPT_DOCS))
 
 
 def _register_builtin() -> None:
@@ -261,4 +470,5 @@ def _register_builtin() -> None:
                    "held_out": "units chosen on one half of the facts, scored on the other (both ways)"})
 
 
+_register_configured()
 _register_builtin()

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from .probes import tracing
-from .probes.queries import ProbeSet, known_indices
+from .probes.known import known_indices
+from .probes.queries import ProbeSet
 from .seeding import derive_seed
 
 

@@ -187,12 +187,32 @@ def load_target(spec: str | os.PathLike, device: str | torch.device = "cpu", **p
 
     if check_target(spec) == "fact":
         model, world = load_fact_run(spec, device=device)
-        return model.eval(), world, ProbeSet.from_world(world)
+        return model.eval(), world, as_queries(model, world)
     from .llm.models.loading import load_model
-    from .llm.prompts import probe_set
     from .llm.relations import load_relations
 
     dtype = prompts.pop("dtype", "float32")
     rels = load_relations(prompts.pop("relations", None), prompts.pop("relation_names", None))
     lm = load_model(spec, device=device, dtype=dtype)
-    return lm, None, probe_set(lm, rels, **prompts)
+    return lm, None, as_queries(lm, rels, **prompts)
+
+
+def as_queries(model, source=None, *, k_shot: int = 3, template: int = 0, seed: int = 0,
+               max_samples: int | None = None) -> ProbeSet:
+    """The queries every probe takes (a :class:`~mechfact.probes.queries.ProbeSet`), from what it runs on: a
+    ProbeSet (as it is), a :class:`~mechfact.facts.world.FactWorld` (its single-hop queries ``[s, r]``), or
+    relations of a pretrained ``model`` (a Relation, a list of them, a file or folder; None: the shipped dataset)
+    as ``k_shot`` prompts (:func:`mechfact.llm.prompts.probe_set`). The causal experiments take the same sources
+    and keep the facts the model knows (:func:`mechfact.causal.trace_queries`)."""
+    from .facts.world import FactWorld
+
+    if isinstance(source, ProbeSet):
+        return source
+    if isinstance(source, FactWorld):
+        return ProbeSet.from_world(source)
+    if not hasattr(model, "tokenizer"):
+        raise ValueError(f"as_queries: a source of type {type(source).__name__} needs a pretrained model with a "
+                         f"tokenizer; a {type(model).__name__} takes its FactWorld or a ProbeSet")
+    from .llm.prompts import probe_set
+
+    return probe_set(model, source, k_shot=k_shot, template=template, seed=seed, max_samples=max_samples)

@@ -204,7 +204,7 @@ MODEL_CASES = [
          _damage_model("config.json", lambda f: _edit_json(f, num_hidden_layers="three"))),
     Case("model config.json that does not match the weights", _llm_probe(), 2,
          "the weights do not match config.json", _damage_model("config.json", lambda f: _edit_json(f, hidden_size=64))),
-    Case("model folder without config.json", _llm_probe(), 2, "folder has no config.json",
+    Case("model folder without config.json", _llm_probe(), 2, "nor a Hugging Face model folder (config.json)",
          _damage_model("config.json", lambda f: f.unlink())),
     Case("model folder without tokenizer files", _llm_probe(), 2, "no tokenizer", _no_tokenizer),
     Case("truncated tokenizer.json", _llm_probe(), 2, "tokenizer.json: not valid JSON",

@@ -27,7 +27,9 @@ def test_every_registered_analysis_has_a_command_with_one_flag_per_option():
     for name, an in A.ANALYSES.items():
         flags = {s for act in _subparser(name)._actions for s in act.option_strings}
         assert {o.flag for o in an.options} <= flags, name
-        assert {"--model", "--relations", "--out", "--seed", "--device"} <= flags
+        assert {"--model", "--out", "--seed", "--device"} <= flags
+        takes = not an.variants or any(v.relations for v in an.variants.values())
+        assert ("--relations" in flags) == takes, name  # swap runs on the fact model's own world only
     an = A.ANALYSES["attribution"]
     assert {o.name: o.kind for o in an.options}["n_draws"] == "int"
     assert {o.name: o.kind for o in an.options}["noise_factor"] == "float"
@@ -165,3 +167,82 @@ def test_a_per_relation_analysis_summarises_each_relation_and_pools_their_facts(
     assert got["summary"] == {"n": 3, "mean": pytest.approx(14 / 3)} and got["no_known_facts"] == ["empty"]
     with pytest.raises(ValueError, match="something else"):
         A.run("lengths", object(), rels + [Relation("broken", ["{} is"], [("q", "o")])], out=tmp_path / "m")
+
+
+def test_an_analysis_declared_by_its_config_gets_one_flag_per_field_and_its_run_folder(fact_run, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """A config dataclass and a run-folder writer per kind of model: the flags are the config's fields (the flag
+    spelled as declared, the default the config's own where a flag is not given), the values reach the config
+    typed, a flag of a kind the model is not is refused naming it, and the API entry writes the same folder."""
+    from dataclasses import dataclass
+
+    from mechfact.config import DictConfig, check_int
+    from mechfact.runs import RunDir
+
+    @dataclass
+    class CountConfig(DictConfig):
+        relations: list[int] | None = None
+        repeats: int = 2
+        scale: float = 0.5
+        tags: list[str] | None = None
+        exact: bool = False
+
+        def __post_init__(self):
+            check_int("repeats", self.repeats, 1)
+
+    seen = []
+
+    def write(spec, cfg, out, *, device="cpu", seed=0, progress=False):
+        seen.append(cfg)
+        return RunDir(out, cfg, kind="probe.count", seed=seed, device=str(device)).finish({"repeats": cfg.repeats})
+
+    monkeypatch.setattr(A, "ANALYSES", dict(A.ANALYSES))
+    A.register("count", help="counts", fact=A.variant(CountConfig, write, relations="ids",
+                                                      flags={"repeats": "times"}, docs={"scale": "a scale"}))
+    flags = {s for act in _subparser("count")._actions for s in act.option_strings}
+    assert {"--times", "--scale", "--tags", "--exact", "--no-exact", "--relations"} <= flags
+    assert main(["probe", "count", "--model", str(fact_run), "--out", str(tmp_path / "c"), "--times", "3",
+                 "--tags", "a", "b,c", "--exact", "--relations", "0,1", "--quiet"]) == 0
+    assert seen[-1] == CountConfig(relations=[0, 1], repeats=3, scale=0.5, tags=["a", "b", "c"], exact=True)
+    cfg = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert cfg["kind"] == "probe.count" and cfg["config"]["repeats"] == 3 and cfg["config"]["scale"] == 0.5
+    assert main(["probe", "count", "--model", str(fact_run), "--out", str(tmp_path / "d"), "--times", "0"]) == 2
+    assert "--repeats 0: must be an integer >= 1" in capsys.readouterr().err
+    assert main(["probe", "count", "--model", "default", "--out", str(tmp_path / "e"), "--times", "2"]) == 2
+    assert "probe count needs a synthetic fact model" in capsys.readouterr().err
+    got = A.run("count", str(fact_run), out=tmp_path / "f", repeats=4)
+    assert got["repeats"] == 4 and seen[-1].scale == 0.5
+    with pytest.raises(ValueError, match="unknown option times"):
+        A.run("count", str(fact_run), out=tmp_path / "g", times=4)
+    with pytest.raises(TypeError, match="runs on a model spec"):
+        A.run("count", object(), out=tmp_path / "h")
+
+
+def test_options_of_the_other_kind_of_model_are_refused_by_name(fact_run, tmp_path, capsys):
+    """`probe readout --site` (a pretrained model's layer readout) on a fact model, `--sites` (a fact model's
+    hook sites) on a pretrained one: each refused before anything runs, naming the flag and what the model takes."""
+    assert main(["probe", "readout", "--model", str(fact_run), "--out", str(tmp_path / "a"), "--site",
+                 "resid_post", "--k-shot", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--site, --k-shot apply to a pretrained --model; a fact model takes --sites, --kind, --heldout" in err
+    assert not (tmp_path / "a" / "config.json").exists()
+    assert main(["probe", "intervene", "--model", "default", "--out", str(tmp_path / "b"), "--relations",
+                 "x.json", "--relation-ids", "0", "--sites", "y"]) == 2  # --sites is not intervene's at all
+    assert "unrecognized arguments: --sites y" in capsys.readouterr().err
+
+
+def test_the_llm_commands_are_the_pretrained_forms_of_the_registered_analyses():
+    """`mechfact llm probe|lre|superposition` take exactly the flags of `mechfact probe readout|lre|superposition`
+    on a pretrained model: one declaration each."""
+    from mechfact.commands.llm import ALIASES
+
+    parser = build_parser()
+    llm = next(a for a in parser._actions if getattr(a, "choices", None) and "llm" in a.choices).choices["llm"]
+    subs = next(a for a in llm._actions if getattr(a, "choices", None) and "lre" in a.choices).choices
+    for alias, name, _ in ALIASES:
+        alias_flags = {s for act in subs[alias]._actions for s in act.option_strings}
+        own = {o.flag for o in A.ANALYSES[name].variants["pretrained"].options}
+        probe_flags = {s for act in _subparser(name)._actions for s in act.option_strings}
+        assert own <= alias_flags and alias_flags <= probe_flags, alias
+        fact_only = {o.flag for o in A.ANALYSES[name].options} - own
+        assert not fact_only & alias_flags, alias

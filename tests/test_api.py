@@ -210,3 +210,25 @@ def test_llm_readout_records_use_the_fact_readouts_keys(one_thread):
     shared = {"relation", "kind", "accuracy", "accuracy_ci", "control_accuracy", "chance"}
     assert shared <= set(row) and shared <= set(fact_row), (set(row), set(fact_row))
     assert res.to_dict()["per_layer"][0]["readout_accuracy"] == 0.8
+
+
+def test_as_queries_is_the_one_way_from_a_source_to_the_queries(construction, tiny):
+    """A FactWorld gives its single-hop queries, relations of a pretrained model its k-shot prompts (as
+    `probe_set`), a ProbeSet itself; a source the model cannot prompt is refused, naming both."""
+    import torch
+
+    import mechfact
+    from mechfact.probes.queries import ProbeSet
+
+    model, world = construction
+    ps = mechfact.as_queries(model, world)
+    ref = ProbeSet.from_world(world)
+    assert torch.equal(ps.tokens, ref.tokens) and torch.equal(ps.object_tokens, ref.object_tokens)
+    assert mechfact.as_queries(model, ps) is ps
+    lm = tiny["models"]["llama"]
+    got = mechfact.as_queries(lm, tiny["relations"], k_shot=1, max_samples=6)
+    want = mechfact.probe_set(lm, tiny["relations"], k_shot=1, max_samples=6)
+    assert torch.equal(got.tokens, want.tokens) and got.relation_names == want.relation_names
+    assert len(got) == len(want) > 0
+    with pytest.raises(ValueError, match="needs a pretrained model with a tokenizer; a FactModel takes"):
+        mechfact.as_queries(model, tiny["relations"])

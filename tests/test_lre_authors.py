@@ -312,3 +312,31 @@ def test_the_rank_sweeps_default_and_the_authors():
 
     assert rank_grid(None, 576) == [16, 32, 64, 128, 256, 576] and rank_grid(None, 48) == [16, 32, 48]
     assert rank_grid(AUTHORS_RANKS, 576) == list(range(0, 320, 8)) and rank_grid(AUTHORS_RANKS, 48)[-1] == 48
+
+
+def test_the_known_fact_filter_has_one_home_for_both_kinds_of_model():
+    """Fact models (no tokenizer: the object is one token) and pretrained models (a tokenizer: the object's text)
+    go through the same `knows`; the fact models' `known_indices` is it applied to the model's top tokens."""
+    import torch
+
+    from mechfact.llm import prompts
+    from mechfact.probes import known
+    from mechfact.probes.queries import ProbeSet
+
+    assert known.knows(None, [3, 5, 7], [3, 4, 7]) == [True, False, True]
+    assert known.knows(None, [3], [3], "spells") == [True]
+    assert prompts.knows is known.knows and prompts.prefix_match is known.prefix_match
+
+    class Tops(torch.nn.Module):  # answers token (subject + 1) % 4 at every position
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, tokens):
+            return torch.nn.functional.one_hot((tokens + 1) % 4, 4).float()
+
+    ps = ProbeSet(tokens=torch.tensor([[0, 9], [1, 9], [2, 9]]), subjects=torch.arange(3),
+                  relations=torch.zeros(3, dtype=torch.long), objects=torch.arange(3),
+                  object_tokens=torch.tensor([1, 3, 3]), subject_pos=torch.zeros(3, dtype=torch.long),
+                  answer_pos=torch.zeros(3, dtype=torch.long))
+    assert known.known_indices(Tops(), ps) == [0, 2]

@@ -93,3 +93,110 @@ def quiet_progress(quiet: bool = True):
             os.environ.pop("TQDM_DISABLE", None)
         else:
             os.environ["TQDM_DISABLE"] = env
+
+
+def analysis_args(p: argparse.ArgumentParser, analysis, kinds=None, *, model_default: str | None = None) -> None:
+    """The flags of a registered analysis (:mod:`mechfact.analyses`), generated from its declaration: ``--model``
+    (required, or ``model_default``), ``--relations`` where a variant takes it, one flag per option of the
+    variants for ``kinds`` (default: every kind it runs on; each given flag only, so that a variant's own
+    defaults apply), the placement flags for a pretrained model, the executor's where a variant has one, and
+    :func:`common_args`."""
+    kinds = tuple(kinds or analysis.kinds)
+    variants = [analysis.variants[k] for k in kinds if k in analysis.variants]
+    pretrained = "pretrained" in kinds
+    what = "run directory of `mechfact facts train|construct`"
+    if pretrained:
+        what += ", or a pretrained model: hub name, local HF folder, .gguf file, short name, default"
+    else:
+        what += " (needs a fact world)"
+    p.add_argument("--model", required=model_default is None, default=model_default, help=what)
+    if not variants or any(v.relations for v in variants):
+        p.add_argument("--relations", default=None,
+                       help="fact model: comma-separated relation ids (default all); pretrained model: a relation "
+                            "JSON file or folder (default: the shipped dataset; superposition: 73 countries)")
+    mine = {o.name for v in variants for o in v.options} if variants else None
+    for o in analysis.options:
+        if mine is not None and o.name not in mine:
+            continue
+        p.add_argument(o.flag, dest=o.dest, default=argparse.SUPPRESS, help=_option_help(analysis, o, kinds),
+                       **({"action": argparse.BooleanOptionalAction} if o.kind == "bool" else
+                          {"metavar": o.kind.upper(), "nargs": "+" if o.kind == "strs" else None}))
+    if pretrained:
+        placement_args(p)
+    common_args(p)
+    if any(v.executor for v in variants):
+        executor_args(p)
+
+
+def placement_args(p: argparse.ArgumentParser) -> None:
+    """--device-map / --offload-folder: a pretrained model larger than one device (docs/scaling.md)."""
+    p.add_argument("--device-map", default=None, metavar="MAP",
+                   help="spread the model with accelerate: auto, balanced, balanced_low_0, sequential, or a JSON "
+                        "file of module name -> device (cpu, disk, 0, cuda:1); overrides --device")
+    p.add_argument("--offload-folder", default=None, metavar="DIR",
+                   help="where weights mapped to 'disk' are kept (default: read from the model's own files)")
+
+
+def run_analysis_args(a, name: str, kinds=None, run_kw: dict | None = None) -> None:
+    """Runs registered analysis ``name`` from the flags :func:`analysis_args` made (``kinds``: the kinds of model
+    the command takes)."""
+    from ..analyses import ANALYSES, _source, run
+    from ..targets import check_target
+
+    an = ANALYSES[name]
+    given = {}
+    for o in an.options:
+        if hasattr(a, o.dest):
+            try:
+                given[o.name] = o.parse(getattr(a, o.dest))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+    relations = getattr(a, "relations", None)
+    if an.variants:
+        kind = check_target(a.model)
+        if kinds is not None and kind not in kinds:
+            raise UsageError(f"--model {a.model}: a {'fact' if kind == 'fact' else 'pretrained'} model; this "
+                             f"command takes a {' or '.join(kinds)} model")
+        an.variant(kind, given, relations)  # other kinds' flags refused before anything loads
+        executor = getattr(a, "executor", None)
+        if executor is not None and an.variants[kind].executor:
+            with make_executor_from(a, f"{name}: relations") as ex:
+                an.run_spec(a.model, out=a.out, relations=relations, seed=a.seed, device=a.device_obj,
+                            progress=not a.quiet, executor=ex, run_kw=run_kw, **given)
+        else:
+            an.run_spec(a.model, out=a.out, relations=relations, seed=a.seed, device=a.device_obj,
+                        progress=not a.quiet, run_kw=run_kw, **given)
+    else:
+        from ..targets import load_target
+
+        model, world, _ = load_target(a.model, device=a.device_obj)
+        if world is not None and relations is not None:
+            raise UsageError(f"--relations {relations}: a fact model runs on its own world; --relations is for a "
+                             "pretrained --model")
+        run(name, model, _source(model, world, None if world is not None else relations), out=a.out, seed=a.seed,
+            device=str(a.device_obj), progress=not a.quiet, model_spec=str(a.model),
+            relations=None if world is not None else relations, **given)
+    print(f"results written to {a.out}")
+
+
+def _option_help(analysis, o, kinds) -> str:
+    """The option's help, its default (per kind of model where they differ), the kinds of model that take it
+    (where not all do) and its choices."""
+    def shown(v):
+        v = ",".join(map(str, v)) if isinstance(v, (tuple, list)) else v
+        return "auto" if v is None else v
+
+    per = {k: next(x for x in analysis.variants[k].options if x.name == o.name) for k in kinds
+           if k in analysis.variants and any(x.name == o.name for x in analysis.variants[k].options)}
+    text = o.help
+    if "default" not in o.help:
+        defaults = {k: x.default for k, x in per.items()} or {"": o.default}
+        if len({repr(v) for v in defaults.values()}) > 1:
+            text += " (default " + ", ".join(f"{shown(v)} on a {k} model" for k, v in defaults.items()) + ")"
+        else:
+            text += f" (default {shown(next(iter(defaults.values())))})"
+    if len(analysis.kinds) > 1 and per and len(per) < len([k for k in kinds if k in analysis.variants]):
+        text += "; " + " and ".join(per) + " model only"
+    if o.choices:
+        text += f"; one of {', '.join(o.choices)}"
+    return text.replace("%", "%%")

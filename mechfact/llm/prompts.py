@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..probes.known import GENERIC_TOKENS, KNOWN_RULES, knows, prefix_match, spells_object  # noqa: F401 (its home)
 from ..probes.queries import SITE_POSITIONS, ProbeSet, check_position
 from ..seeding import derive_seed
 from .relations import Relation, as_relations
@@ -86,45 +87,6 @@ def tokenize_prompt(tokenizer, text: str, span: tuple[int, int], bos_id: int | N
 def object_token_ids(tokenizer, obj: str) -> list[int]:
     """Tokens of the object as it continues a prompt (a leading space)."""
     return list(tokenizer(" " + obj, add_special_tokens=False)["input_ids"])
-
-
-def prefix_match(tokenizer, token: int, objects) -> bool:
-    """The LRE authors' match: the decoded token (stripped, lowercased) is a non-empty prefix of an object."""
-    t = tokenizer.decode([int(token)]).strip().lower()
-    return bool(t) and any(str(o).lower().startswith(t) for o in objects)
-
-
-# First tokens that do not name an object: articles, prepositions, conjunctions (a prediction of " the" for
-# "the United States" continues the prompt without recalling the fact).
-GENERIC_TOKENS = frozenset({"the", "a", "an", "of", "in", "on", "at", "to", "and", "or", "is", "was", "it", "its",
-                            "by", "for", "from", "with", "as", "that", "this"})
-
-
-def spells_object(tokenizer, token: int, obj: str) -> bool:
-    """The tracing authors' "known" (the prediction IS the attribute), made a rule: the decoded token, stripped,
-    holds a letter or digit, is not a generic word (:data:`GENERIC_TOKENS`, case-insensitive), and is a prefix of
-    the object (case-insensitive) that is the whole object or at least two characters long. A bare space, a
-    punctuation mark, " the" before "the United States" or " C" before "Canberra" does not count."""
-    t = tokenizer.decode([int(token)]).strip()
-    o = str(obj).strip()
-    if not t or not any(ch.isalnum() for ch in t) or t.lower() in GENERIC_TOKENS:
-        return False
-    return o.lower().startswith(t.lower()) and (len(t) >= 2 or len(o) == len(t))
-
-
-KNOWN_RULES = ("spells", "prefix")  # what counts as knowing a fact: the two rules above
-
-
-def knows(tokenizer, tokens, objects, rule: str = "prefix") -> list[bool]:
-    """The one known-fact filter of the LLM side: whether each top token (``tokens``) counts as knowing its
-    fact's object (``objects``, one per token) under ``rule`` -- ``prefix``: the LRE authors' first-token prefix
-    (:func:`prefix_match`); ``spells``: the tracing authors' prediction that IS the attribute
-    (:func:`spells_object`)."""
-    if rule not in KNOWN_RULES:
-        raise ValueError(f"known {rule!r}: allowed values are {', '.join(KNOWN_RULES)}")
-    if rule == "spells":
-        return [spells_object(tokenizer, int(t), o) for t, o in zip(tokens, objects)]
-    return [prefix_match(tokenizer, int(t), [o]) for t, o in zip(tokens, objects)]
 
 
 def check_template(rel: Relation, template: int) -> None:

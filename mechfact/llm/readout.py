@@ -114,6 +114,22 @@ class ProbeConfig(DictConfig):
             check_int_list("layers", self.layers, 0, "give at least one layer, or all")
 
 
+@dataclass
+class PromptOptions(DictConfig):
+    """How the prompts of a pretrained model's relations are built, for the probes that take the queries from
+    :func:`mechfact.targets.load_target` (intervene, scores): the relations kept, the in-context examples, the
+    template, the cap on samples and the precision."""
+
+    relation_names: list[str] | None = None
+    dtype: str = "float32"
+    k_shot: int = 3
+    template: int = 0
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        check_prompt_options(self)
+
+
 def check_prompt_options(cfg) -> None:
     """The checks shared by every LLM config: ``k_shot``, ``template``, ``max_samples``, ``dtype``."""
     check_int("k_shot", cfg.k_shot, 0)

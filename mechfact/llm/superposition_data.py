@@ -145,9 +145,9 @@ def subject_recall(lm: LanguageModel, rels: list[Relation], subjects: list[str],
                    batch_size: int = 16) -> np.ndarray:
     """(n_subjects, R) whether the model recalls each subject's object under each relation: its top next token,
     on a ``k_shot`` in-context prompt of the relation (seed 0), spells the object
-    (:func:`mechfact.llm.prompts.spells_object`: a generic first token such as " the" does not count)."""
+    (:func:`mechfact.probes.known.spells_object`: a generic first token such as " the" does not count)."""
     from ..probes.queries import predictions
-    from .prompts import knows
+    from ..probes.known import knows
 
     index = {s: k for k, s in enumerate(subjects)}
     out = np.zeros((len(subjects), len(rels)), dtype=bool)

@@ -2,10 +2,10 @@
 them.
 
 A fact is traced when the model knows it. ``known="spells"`` (tracing's default): the clean prompt's top-1 token
-spells the object (:func:`mechfact.llm.prompts.spells_object`: a generic first token such as " the" before "the
+spells the object (:func:`mechfact.probes.known.spells_object`: a generic first token such as " the" before "the
 United States" does not count -- the tracing authors trace facts whose prediction IS the attribute);
 ``known="prefix"``: the LRE authors' match, the top-1 token is a prefix of the object
-(:func:`mechfact.llm.prompts.prefix_match`). Prompts are zero-shot by default (``k_shot=0``, the
+(:func:`mechfact.probes.known.prefix_match`). Prompts are zero-shot by default (``k_shot=0``, the
 tracing authors' setting: the template with the subject, e.g. "The capital of France is"). For token-replacement
 corruption each fact gets up to ``n_replace`` other subjects of the same relation whose prompt has the same token
 length and the same subject token span (Zhang & Nanda's rule: a subject of the same token length); a fact with
@@ -25,7 +25,8 @@ import torch
 from ..config import DictConfig, check_choice, check_float, check_int
 from ..probes.queries import ProbeSet, predictions
 from ..seeding import derive_seed
-from .prompts import KNOWN_RULES, Prompt, check_template, knows, prompt_text, tokenize_prompt
+from ..probes.known import KNOWN_RULES, knows
+from .prompts import Prompt, check_template, prompt_text, tokenize_prompt
 from .relations import Relation, as_relations, keep_named
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ import torch
 from ..probes.queries import ProbeSet, predictions
 from ..probes.selectivity import KnownFacts
 from ..probes.state_transfer import TransferFact, TransferFacts, TransferRelation
-from .prompts import Prompt, check_template, knows, prefix_match, prompt_text, tokenize_prompt
+from ..probes.known import knows, prefix_match
+from .prompts import Prompt, check_template, prompt_text, tokenize_prompt
 from .relations import as_relations
 
 

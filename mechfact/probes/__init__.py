@@ -19,5 +19,5 @@ probe that trains (freeze-and-swap) takes the trainer as an argument
 * :mod:`.swap`          -- freeze-and-swap transfer (zero-shot, retrained, relearn control)
 * :mod:`.weights`       -- logit score distributions (EVT line) and spectra of effective maps
 * :mod:`.experiments`   -- in-memory ``superposition``, ``intervene``, ``probe_all``; the configs of ``mechfact probe``
-  (its run directories: :mod:`mechfact.commands.probe_runs`)
+  (its run directories: :mod:`mechfact.probe_runs`)
 """

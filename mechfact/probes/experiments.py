@@ -6,7 +6,7 @@ returns a result object with ``to_dict()``.
 
 What ``import mechfact`` exports for fact models and pretrained models alike (``mechfact.superposition``,
 ``mechfact.probe_all``, ``mechfact.freeze_and_swap`` with the fact trainer as default) is in
-:mod:`mechfact.targets`; the run directories of ``mechfact probe ...`` in :mod:`mechfact.commands.probe_runs`.
+:mod:`mechfact.targets`; the run directories of ``mechfact probe ...`` in :mod:`mechfact.probe_runs`.
 """
 
 from __future__ import annotations

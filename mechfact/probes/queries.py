@@ -425,11 +425,6 @@ class StopForward(Exception):
 
 
 
-def known_indices(model, ps: ProbeSet, batch_size: int = 4096) -> list[int]:
-    """The facts of ``ps`` the model knows: its top-1 token is the fact's object token (a fact model's known-fact
-    filter; pretrained models judge a token against the object's text: :func:`mechfact.llm.prompts.knows`)."""
-    return torch.nonzero(predictions(model, ps, batch_size=batch_size) == ps.object_tokens).reshape(-1).tolist()
-
 def _last_resid(model) -> str | None:
     """The hook name of the last block's residual output, for a model with ``n_layers`` and ``final_logits``."""
     from .. import hooks

@@ -27,7 +27,8 @@ import torch
 
 from .. import hooks
 from ..results import Result
-from .queries import ProbeSet, known_indices
+from .known import known_indices
+from .queries import ProbeSet
 from .state_transfer import _is_world, _n_layers
 
 

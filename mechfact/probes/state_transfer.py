@@ -13,7 +13,7 @@ once, and a relation-conditioned MLP at the last position selects one.
    answer differs from s's) runs with its last subject token's state at layer l replaced by s's neutral state:
    ``blocks.<l>.hook_resid_post`` for ``l >= 0``, the token embedding (``hook_embed``) for ``l = -1``.
    **Success**: the top-1 token at the prompt's last position is s's object: the object token of a fact model,
-   the LRE authors' prefix match for a pretrained model (:func:`mechfact.llm.prompts.prefix_match`).
+   the LRE authors' prefix match for a pretrained model (:func:`mechfact.probes.known.prefix_match`).
 3. **Control**: the same prompt of s' with the state of a random third subject s'' of the relation (not s, not
    s') patched in, drawn among the subjects of as many tokens as s (``control_same_length``: whether one was
    there; else any). ``control``: the output is s's object anyway (the chance rate of a success);

@@ -67,7 +67,8 @@ from ... import stats
 from ...runs import atomic_path
 from ...seeding import derive_seed
 from .operator import LRE, decode_top, edited_predictions, jacobians, states_at
-from ..prompts import build_prompts, prefix_match
+from ...probes.known import prefix_match
+from ..prompts import build_prompts
 from .shared_prefix import Heads, head_of
 
 logger = logging.getLogger(__name__)
