@@ -29,15 +29,12 @@ from pathlib import Path
 
 from mechfact.llm.models.registry import MODELS as PACKAGED
 
-
-
-MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
+MODELS = tuple(PACKAGED)  # every packaged model, in its record's order (mechfact.llm.models.registry)
 PARTS = ("factual", "linguistic")  # folders of the LRE authors' data/ (github evandez/relations)
 SWEEP = {"factual": ("country capital city", "person native language", "landmark on continent"),
          "linguistic": ("adjective comparative", "word first letter")}
-# Qwen's: ~20 min a relation on one CPU core
-SWEEP_MODELS = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
-# the layers each model is run at: its record's analysis defaults (mechfact.llm.models.registry)
+# the layer sweep runs on every model (Qwen's: ~20 min a relation on one CPU core); the layers each model is
+# run at are its record's analysis defaults (mechfact.llm.models.registry)
 SWEEP_LAYERS = {m: ",".join(map(str, PACKAGED[m].defaults.sweep_layers)) for m in MODELS}
 STRIDE = {m: ",".join(map(str, PACKAGED[m].defaults.superposition_layers)) for m in MODELS}
 # Faithfulness-only runs at the paper's 24 trials (no edits: --max-causality 0), where every test fact's outcome
@@ -76,7 +73,7 @@ def run(out: Path, data: Path) -> None:
         lre = ["llm", "lre", "--model", m]
         for part in PARTS:
             jobs += lre_part_jobs(out, m, part, data)
-        for part in PARTS if m in SWEEP_MODELS else ():
+        for part in PARTS:
             jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(data / part), "--relation-names",
                                                                  *SWEEP[part], "--layers", SWEEP_LAYERS[m],
                                                                  "--max-causality", str(SWEEP_MAX_CAUSALITY)]))

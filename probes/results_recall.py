@@ -115,130 +115,120 @@ def _layer(l, L) -> str:
     return "emb" if l < 0 else f"{l} ({l / L:.2f})"
 
 
-def knockout_table(out: Path) -> str:
-    rows = ["| model | relation | facts | window | p(answer) clean | largest drop (upper bound): subject [95%] | "
-            "relation | last |",
-            "|---|---|---|---|---|---|---|---|"]
+def _table(out: Path, file: str, header: tuple[str, str], rows_of) -> str:
+    """A page table: the header, then ``rows_of(run)``'s rows for each model's ``file`` (models without it left
+    out)."""
+    rows = list(header)
     for m in MODELS:
-        r = _read(out / m / "knockout.json")
-        if not r:
-            continue
-        L = r["n_layers"]
-        for name, s in [("all", r["result"]["pooled"])] + list(r["result"]["per_relation"].items()):
-            cells = []
-            for g in ("subject", "relation", "last"):
-                p = s.get(f"largest_drop_{g}")
-                cells.append("—" if not p else f"{_pct(p['change'], p.get('change_ci'), 1.0)} at layer "
-                                               f"{_layer(p['layer'], L)}")
-            rows.append(f"| {r['model']} | {name} | {s['n_facts']} | {s['window']} | {_pct(s['p_clean'])} | "
-                        + " | ".join(cells) + " |")
+        r = _read(out / m / file)
+        if r:
+            rows += list(rows_of(r))
     return "\n".join(rows)
 
 
-def attribute_table(out: Path) -> str:
-    rows = ["| model | position | peak attribute rate (top 50) [95%] at layer | another subject's attributes there | "
-            "at the embedding |", "|---|---|---|---|---|"]
-    for m in MODELS:
-        r = _read(out / m / "attribute_rate.json")
-        if not r:
-            continue
-        L = r["n_layers"]
-        for pos, curve in r["result"]["rate"].items():
-            scored = [c for c in curve if c["rate"] is not None]
-            if not scored:
-                continue
+def _knockout_rows(r):
+    L = r["n_layers"]
+    for name, s in [("all", r["result"]["pooled"])] + list(r["result"]["per_relation"].items()):
+        cells = []
+        for g in ("subject", "relation", "last"):
+            p = s.get(f"largest_drop_{g}")
+            cells.append("—" if not p else f"{_pct(p['change'], p.get('change_ci'), 1.0)} at layer "
+                                           f"{_layer(p['layer'], L)}")
+        yield (f"| {r['model']} | {name} | {s['n_facts']} | {s['window']} | {_pct(s['p_clean'])} | "
+               + " | ".join(cells) + " |")
+
+
+def _attribute_rows(r):
+    L = r["n_layers"]
+    for pos, curve in r["result"]["rate"].items():
+        scored = [c for c in curve if c["rate"] is not None]
+        if scored:
             p = max(scored, key=lambda c: c["rate"])
-            rows.append(f"| {r['model']} | {pos.replace('_', ' ')} | {_pct(p['rate'], p.get('rate_ci'))} at "
-                        f"{_layer(p['layer'], L)} | {_pct(p['baseline'])} | {_pct(scored[0]['rate'])} |")
-    return "\n".join(rows)
+            yield (f"| {r['model']} | {pos.replace('_', ' ')} | {_pct(p['rate'], p.get('rate_ci'))} at "
+                   f"{_layer(p['layer'], L)} | {_pct(p['baseline'])} | {_pct(scored[0]['rate'])} |")
 
 
-def extraction_table(out: Path) -> str:
-    rows = ["| model | relation | facts | an attention update names the answer (any layer) [95%] | an MLP update does "
-            "[95%] |", "|---|---|---|---|---|"]
-    for m in MODELS:
-        r = _read(out / m / "extraction.json")
-        if r:
-            for name, s in [("all", r["result"]["pooled"])] + list(r["result"]["per_relation"].items()):
-                rows.append(f"| {r['model']} | {name} | {s['n_facts']} | "
-                            f"{_pct(s['attn_any']['rate'], s['attn_any']['rate_ci'])} | "
-                            f"{_pct(s['mlp_any']['rate'], s['mlp_any']['rate_ci'])} |")
-    return "\n".join(rows)
+def _extraction_rows(r):
+    for name, s in [("all", r["result"]["pooled"])] + list(r["result"]["per_relation"].items()):
+        yield (f"| {r['model']} | {name} | {s['n_facts']} | {_pct(s['attn_any']['rate'], s['attn_any']['rate_ci'])} "
+               f"| {_pct(s['mlp_any']['rate'], s['mlp_any']['rate_ci'])} |")
 
 
-def transfer_table(out: Path) -> str:
-    rows = ["| model | pairs | middle block (fixed in advance): transferred [95%] | its control | transferred - "
-            "control, paired [95%], p | verdict | at the embedding | best layer (upper bound): transferred [95%] | its "
-            "control | the target keeps its own answer there |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for m in MODELS:
-        r = _read(out / m / "transfer.json")
-        if not r:
-            continue
-        s, L = r["result"], r["n_layers"]
-        pooled = s["pooled"]
-        best = max(pooled, key=lambda p: p["accuracy"])
-        emb = next((p for p in pooled if p["layer"] == -1), None)
-        fx = s.get("fixed")
-        if fx:
-            d = fx["vs_control"]
-            ci = d["diff_ci"]
-            fixed = (f"{_pct(fx['accuracy'], fx['accuracy_ci'])} at {_layer(fx['layer'], L)} | "
-                     f"{_pct(fx['control'], fx['control_ci'])} | {100 * d['diff']:+.1f} pp"
-                     + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci[0] is not None else "")
-                     + f", p {d['p_value']:.3f} | " + {"above": "transfers", "below": "below its control",
-                                                       "undecided": "undecided"}[d["verdict"]] + " |")
-        else:
-            fixed = "— | — | — | — |"
-        rows.append(f"| {r['model']} | {s['n_pairs']} | {fixed} "
-                    f"{_pct(emb['accuracy'], emb['accuracy_ci']) if emb else '—'} | "
-                    f"{_pct(best['accuracy'], best['accuracy_ci'])} at "
-                    f"{_layer(best['layer'], L)} | {_pct(best['control'], best['control_ci'])} | "
-                    f"{_pct(best['kept'])} |")
-    return "\n".join(rows)
+def _transfer_rows(r):
+    s, L = r["result"], r["n_layers"]
+    pooled = s["pooled"]
+    best = max(pooled, key=lambda p: p["accuracy"])
+    emb = next((p for p in pooled if p["layer"] == -1), None)
+    fx = s.get("fixed")
+    if fx:
+        d = fx["vs_control"]
+        ci = d["diff_ci"]
+        fixed = (f"{_pct(fx['accuracy'], fx['accuracy_ci'])} at {_layer(fx['layer'], L)} | "
+                 f"{_pct(fx['control'], fx['control_ci'])} | {100 * d['diff']:+.1f} pp"
+                 + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci[0] is not None else "")
+                 + f", p {d['p_value']:.3f} | " + {"above": "transfers", "below": "below its control",
+                                                   "undecided": "undecided"}[d["verdict"]] + " |")
+    else:
+        fixed = "— | — | — | — |"
+    yield (f"| {r['model']} | {s['n_pairs']} | {fixed} {_pct(emb['accuracy'], emb['accuracy_ci']) if emb else '—'} | "
+           f"{_pct(best['accuracy'], best['accuracy_ci'])} at {_layer(best['layer'], L)} | "
+           f"{_pct(best['control'], best['control_ci'])} | {_pct(best['kept'])} |")
 
 
-def transfer_per_relation(out: Path) -> str:
-    rows = ["| model | relation | facts | best layer (upper bound): transferred [95%] | control |",
-            "|---|---|---|---|---|"]
-    for m in MODELS:
-        r = _read(out / m / "transfer.json")
-        if not r:
-            continue
-        L = r["n_layers"]
-        for rel in RELATIONS:
-            at = [p for p in r["result"]["per_relation"] if p["relation"] == rel]
-            if at:
-                b = max(at, key=lambda p: p["accuracy"])
-                rows.append(f"| {r['model']} | {rel} | {b['n']} | {_pct(b['accuracy'], b['accuracy_ci'])} at "
-                            f"{_layer(b['layer'], L)} | {_pct(b['control'])} |")
-    return "\n".join(rows)
+def _transfer_relation_rows(r):
+    for rel in RELATIONS:
+        at = [p for p in r["result"]["per_relation"] if p["relation"] == rel]
+        if at:
+            b = max(at, key=lambda p: p["accuracy"])
+            yield (f"| {r['model']} | {rel} | {b['n']} | {_pct(b['accuracy'], b['accuracy_ci'])} at "
+                   f"{_layer(b['layer'], r['n_layers'])} | {_pct(b['control'])} |")
 
 
-def selectivity_table(out: Path) -> str:
-    rows = ["| model | site | relations (known facts) | units chosen on | own-relation drop minus others' (selective "
-            "units) | same, random units |", "|---|---|---|---|---|---|"]
-    for m in MODELS:
-        r = _read(out / m / "selectivity.json")
-        if r:
-            s = r["result"]
-            rels = ", ".join(f"{a} ({n})" for a, n in zip(s["relations"], s["n_facts"]))
-            chosen = "the other half" if s.get("held_out") else "the same facts (upper bound)"
-            rows.append(f"| {r['model']} | {s['site']} | {rels} | {chosen} | {_pct(s['score'])} | "
-                        f"{_pct(s['random_score'])} |")
-    return "\n".join(rows)
+def _selectivity_rows(r):
+    s = r["result"]
+    rels = ", ".join(f"{a} ({n})" for a, n in zip(s["relations"], s["n_facts"]))
+    chosen = "the other half" if s.get("held_out") else "the same facts (upper bound)"
+    yield f"| {r['model']} | {s['site']} | {rels} | {chosen} | {_pct(s['score'])} | {_pct(s['random_score'])} |"
 
 
-def atp_table(out: Path) -> str:
-    rows = ["| model | facts | Spearman per prompt, AtP vs exact [95%] | top-10 overlap | AtP / exact seconds |",
-            "|---|---|---|---|---|"]
-    for m in MODELS:
-        r = _read(out / m / "atp.json")
-        if r:
-            s = r["result"]
-            rows.append(f"| {r['model']} | {s['n_facts']} | {s['spearman']:.2f} [{s['spearman_ci'][0]:.2f}, "
-                        f"{s['spearman_ci'][1]:.2f}] | {s['top10_overlap']:.2f} | {s['seconds_atp']:.1f} / "
-                        f"{s['seconds_exact']:.1f} ({s['speedup']:.0f}x) |")
-    return "\n".join(rows)
+def _atp_rows(r):
+    s = r["result"]
+    yield (f"| {r['model']} | {s['n_facts']} | {s['spearman']:.2f} [{s['spearman_ci'][0]:.2f}, "
+           f"{s['spearman_ci'][1]:.2f}] | {s['top10_overlap']:.2f} | {s['seconds_atp']:.1f} / "
+           f"{s['seconds_exact']:.1f} ({s['speedup']:.0f}x) |")
+
+
+# each table of the page: the run file it reads, its header, its rows per run
+TABLES = {
+    "knockout": ("knockout.json", (
+        "| model | relation | facts | window | p(answer) clean | largest drop (upper bound): subject [95%] | "
+        "relation | last |", "|---|---|---|---|---|---|---|---|"), _knockout_rows),
+    "attribute": ("attribute_rate.json", (
+        "| model | position | peak attribute rate (top 50) [95%] at layer | another subject's attributes there | "
+        "at the embedding |", "|---|---|---|---|---|"), _attribute_rows),
+    "extraction": ("extraction.json", (
+        "| model | relation | facts | an attention update names the answer (any layer) [95%] | an MLP update does "
+        "[95%] |", "|---|---|---|---|---|"), _extraction_rows),
+    "transfer": ("transfer.json", (
+        "| model | pairs | middle block (fixed in advance): transferred [95%] | its control | transferred - "
+        "control, paired [95%], p | verdict | at the embedding | best layer (upper bound): transferred [95%] | its "
+        "control | the target keeps its own answer there |", "|---|---|---|---|---|---|---|---|---|---|"),
+        _transfer_rows),
+    "transfer_per_relation": ("transfer.json", (
+        "| model | relation | facts | best layer (upper bound): transferred [95%] | control |",
+        "|---|---|---|---|---|"), _transfer_relation_rows),
+    "selectivity": ("selectivity.json", (
+        "| model | site | relations (known facts) | units chosen on | own-relation drop minus others' (selective "
+        "units) | same, random units |", "|---|---|---|---|---|---|"), _selectivity_rows),
+    "atp": ("atp.json", (
+        "| model | facts | Spearman per prompt, AtP vs exact [95%] | top-10 overlap | AtP / exact seconds |",
+        "|---|---|---|---|---|"), _atp_rows),
+}
+
+
+def table(out: Path, name: str) -> str:
+    """Table ``name`` of :data:`TABLES` from the runs under ``out``."""
+    return _table(out, *TABLES[name])
 
 
 DOC_HEAD = """# How the packaged models recall a fact: knockout, attribute rate, state transfer, selectivity, AtP
@@ -305,14 +295,14 @@ def write_doc(out: Path, path: Path) -> None:
              "change of the clean answer's probability, at the window where it drops most (relation: the prompt's "
              "non-subject tokens before the last, BOS left out). The largest drop is picked among all layers on "
              "the same facts: read it as where the curve bottoms out and an upper bound on its depth; the curves "
-             "are in the figures below.\n", knockout_table(out), "",
+             "are in the figures below.\n", table(out, "knockout"), "",
              "## Attribute rate: the subject's attributes in the logit lens\n",
              "The share of the top 50 tokens of the logit lens (the model's final norm and unembedding) that are the "
              "first token of one of the subject's objects across the six relations, beside the same rate for another "
              "subject's objects. A subject has 1-3 such tokens here (Geva et al. used hundreds of attribute tokens "
              "per subject from Wikipedia), so the rate is at most 6%; what matters is the gap to the other "
-             "subject's.\n", attribute_table(out), "",
-             "## Extraction events at the last position\n", extraction_table(out), "",
+             "subject's.\n", table(out, "attribute"), "",
+             "## Extraction events at the last position\n", table(out, "extraction"), "",
              "## Subject-state transfer (the state holds all its attributes)\n",
              "Subject s's last-token state, read from BOS plus s's tokens as relation r's prompt tokenises them "
              "(the same tokens the recipient prompt holds, leading space included), patched into relation r's "
@@ -323,16 +313,16 @@ def write_doc(out: Path, path: Path) -> None:
              "p; \"transfers\" when p < 0.05 and the difference is positive). Every 3rd layer is also run; the best "
              "layer is chosen on the same facts (an upper bound). A pair needs two known facts of the relation with "
              "different answers (SmolLM2's known company_country facts share one country: no pair).\n",
-             transfer_table(out), "",
-             "Per relation:\n", transfer_per_relation(out), "",
+             table(out, "transfer"), "",
+             "Per relation:\n", table(out, "transfer_per_relation"), "",
              "## Relation selectivity of last-position MLP units\n",
              "The units of the middle block's MLP that prefer one relation at the last position zeroed; the accuracy "
              "drop on that relation minus the mean drop on the others (1: selective units; 0: none), against as "
              "many random units. The units are chosen on one half of each relation's known facts and scored on the "
-             "other half, then the halves swap (no fact scores units chosen on it).\n", selectivity_table(out), "",
+             "other half, then the halves swap (no fact scores units chosen on it).\n", table(out, "selectivity"), "",
              "## Attribution patching against exact patching\n",
              "State restorations under Gaussian noise (10 draws): AtP's linear estimate of every (token, layer) "
-             "cell against the exact restored probability, ranked per prompt.\n", atp_table(out), "",
+             "cell against the exact restored probability, ranked per prompt.\n", table(out, "atp"), "",
              "## Figures\n", *[f"![{m}](img/recall_{m}.png)\n" for m in MODELS
                                if (out / m / "knockout.json").is_file() and (out / m / "transfer.json").is_file()]]
     path.parent.mkdir(parents=True, exist_ok=True)
