@@ -99,6 +99,20 @@ PARTS: dict[str, list[str]] = {
     "pool_N256_128k": ["capacity", "--subjects", "256", "--relations", "8", "--attributes", "64", "--outputs",
                        "attributes", "--grid", "7", "8", "9", "--scan", "ascending", "--steps", "128000", *COS,
                        "--seeds", "3"],
+    # seeds 3 and 4 (new worlds and inits) of the ladder's settings at every budget, so that each has 5 seeds:
+    # N = 256 at R = 4 and 8, N = 1024 at R = 8 (A = 64), the grids and scans of the parts above
+    **{f"pool_N{N}_s3{k}": ["capacity", "--subjects", str(N), "--relations", *rs, "--attributes", "64", "--outputs",
+                            "attributes", "--grid", *grid, *scan, "--steps", str(steps), *COS, "--seed", "3",
+                            "--seeds", "2"]
+       for N, k, rs, grid, scan, steps in (
+           (256, "", ("4", "8"), POOL_GRID, (), 2000), (1024, "", ("8",), POOL_GRID, (), 2000),
+           (256, "_8k", ("8",), "8 10 12".split(), (), 8000), (1024, "_8k", ("8",), "12 14 16 20".split(), (), 8000),
+           (256, "_32k", ("8",), "6 7 8 9 10 12".split(), ("--scan", "ascending"), 32000),
+           (1024, "_32k", ("8",), "10 11 12 13 14 16".split(), ("--scan", "ascending"), 32000))},
+    **{f"pool_N256_R4_s3_{k}": ["capacity", "--subjects", "256", "--relations", "4", "--attributes", "64", "--outputs",
+                                "attributes", "--grid", "3", "4", "5", "6", "7", "--scan", "ascending", "--steps",
+                                str(steps), *COS, "--seed", "3", "--seeds", "2"]
+       for k, steps in (("8k", 8000), ("32k", 32000))},
     # the same worlds with fixed entity embeddings: the MLP width m* at d = 16. trainable: the embeddings can store
     # the facts; frozen-input: the subjects' input embeddings fixed, the A-way unembedding and the MLP learn (with
     # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed. Every width in

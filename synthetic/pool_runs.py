@@ -43,14 +43,14 @@ def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[l
 
 
 def _pool_parts(src: Path, suffix: str = ""):
-    """(name, threshold records) of each pool capacity part ``pool_N<N>[_A<A>][_R<R>[-<R>...]]<suffix>`` under
-    ``src/capacity``, by name."""
+    """(name, threshold records) of each pool capacity part ``pool_N<N>[_A<A>][_R<R>[-<R>...]][_s<seed>]<suffix>``
+    under ``src/capacity`` (``_s<seed>``: more seeds of the same settings, from that seed on), by name."""
     import re
 
     from mechfact.runs import read_json
 
     for f in sorted((src / "capacity").glob("pool_N*/result.json")):
-        if re.fullmatch(r"pool_N\d+(_A(\d+|N))?(_R\d+(-\d+)*)?" + re.escape(suffix), f.parent.name):
+        if re.fullmatch(r"pool_N\d+(_A(\d+|N))?(_R\d+(-\d+)*)?(_s\d+)?" + re.escape(suffix), f.parent.name):
             yield f.parent.name, read_json(f)["thresholds"]
 
 

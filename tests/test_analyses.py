@@ -229,6 +229,9 @@ def test_options_of_the_other_kind_of_model_are_refused_by_name(fact_run, tmp_pa
     assert main(["probe", "intervene", "--model", "default", "--out", str(tmp_path / "b"), "--relations",
                  "x.json", "--relation-ids", "0", "--sites", "y"]) == 2  # --sites is not intervene's at all
     assert "unrecognized arguments: --sites y" in capsys.readouterr().err
+    assert main(["probe", "readout", "--model", str(fact_run), "--out", str(tmp_path / "c"), "--executor",
+                 "ray"]) == 2  # a fact model's readout runs in this process: not silently local
+    assert "--executor ray: probe readout on a fact model runs in this process" in capsys.readouterr().err
 
 
 def test_the_llm_commands_are_the_pretrained_forms_of_the_registered_analyses():

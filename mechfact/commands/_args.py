@@ -159,6 +159,9 @@ def run_analysis_args(a, name: str, kinds=None, run_kw: dict | None = None) -> N
                              f"command takes a {' or '.join(kinds)} model")
         an.variant(kind, given, relations)  # other kinds' flags refused before anything loads
         executor = getattr(a, "executor", None)
+        if executor not in (None, "local") and not an.variants[kind].executor:
+            raise UsageError(f"--executor {executor}: probe {name} on a {kind} model runs in this process (the "
+                             "executor serves the relation-by-relation runs of a pretrained model)")
         if executor is not None and an.variants[kind].executor:
             with make_executor_from(a, f"{name}: relations") as ex:
                 an.run_spec(a.model, out=a.out, relations=relations, seed=a.seed, device=a.device_obj,
