@@ -41,9 +41,13 @@ sys.exit(main(case.fill(paths)))
 
 
 def _hide(text: str, paths: dict) -> str:
-    """Paths of this machine back to the case's placeholders (the table names no machine paths)."""
+    """Paths of this machine back to the case's placeholders, and a run folder's lock holder (process, machine,
+    start time) to ``{pid}``, ``{host}``, ``{time}``: the table names no machine."""
+    import re
+
     for key in sorted(paths, key=lambda k: -len(str(paths[k]))):
         text = text.replace(str(paths[key]), "{" + key + "}")
+    text = re.sub(r"\(pid \d+ on [^,()]+, since [^)]+\)", "(pid {pid} on {host}, since {time})", text)
     return text.replace(str(ROOT), "<repo>").replace(str(Path.home()), "~")
 
 
