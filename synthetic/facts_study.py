@@ -108,7 +108,8 @@ PARTS: dict[str, list[str]] = {
            (256, "", ("4", "8"), POOL_GRID, (), 2000), (1024, "", ("8",), POOL_GRID, (), 2000),
            (256, "_8k", ("8",), "8 10 12".split(), (), 8000), (1024, "_8k", ("8",), "12 14 16 20".split(), (), 8000),
            (256, "_32k", ("8",), "6 7 8 9 10 12".split(), ("--scan", "ascending"), 32000),
-           (1024, "_32k", ("8",), "10 11 12 13 14 16".split(), ("--scan", "ascending"), 32000))},
+           (1024, "_32k", ("8",), "10 11 12 13 14 16".split(), ("--scan", "ascending"), 32000),
+           (256, "_128k", ("8",), "7 8 9".split(), ("--scan", "ascending"), 128000))},
     **{f"pool_N256_R4_s3_{k}": ["capacity", "--subjects", "256", "--relations", "4", "--attributes", "64", "--outputs",
                                 "attributes", "--grid", "3", "4", "5", "6", "7", "--scan", "ascending", "--steps",
                                 str(steps), *COS, "--seed", "3", "--seeds", "2"]
