@@ -340,6 +340,8 @@ def _register_configured() -> None:
                                 choices={"site": SITES, "position": POSITIONS, "readout_on": ("all", "known"),
                                          "split": ("stratified", "random"), "padding": PADDING},
                                 docs={**_PROMPT_DOCS,
+                                      "site": "where the state is read in each block",
+                                      "padding": "side the prompts of a batch are padded on (both exact)",
                                       "position": "subject_last (= subject), subject_first or last",
                                       "known_tokens": "a fact is known if the greedy next tokens match the "
                                                       "object's first N tokens",
@@ -376,7 +378,7 @@ def _register_configured() -> None:
                                                 "vectors, each relation shuffled alone, shuffled readout labels",
                                       "nuisance_pcs": "principal components of the layer-0 state among the "
                                                       "nuisance regressors, beside the token count",
-                                      "drop_massive": "remove every coordinate that holds more than 10%% of the "
+                                      "drop_massive": "remove every coordinate that holds more than 10% of the "
                                                       "training subjects' variance before the fit"}))
     register("lre", help="linear relational embeddings (pretrained model): faithfulness and causality "
                          "(mechfact llm lre)",

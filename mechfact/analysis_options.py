@@ -26,6 +26,9 @@ COMMON_DOCS = {
     "heldout_fraction": "share of subjects held out",
     "n_splits": "held-out folds scored in turn",
     "layer": "block analysed (default: the middle block; 0 for a one-layer fact model)",
+    "kind": "what is restored: the residual state after a block, or a window of MLP / attention outputs",
+    "corruption": "noise: Gaussian noise on the subject's embeddings; replace: another subject's tokens",
+    "metric": "the clean answer's probability, or its logit minus the corrupted answer's",
 }
 # the flag of a field when it is not the field's name
 COMMON_FLAGS = {"heldout_fraction": "heldout", "n_splits": "splits", "n_trials": "trials", "cache_states": "state_cache"}
