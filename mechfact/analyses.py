@@ -49,6 +49,7 @@ __all__ = ["Option", "Variant", "Analysis", "ANALYSES", "MODEL_KINDS", "register
 
 MODEL_KINDS = ("fact", "pretrained")  # a fact-model run folder, or a pretrained language model
 
+
 @dataclass(frozen=True)
 class Variant:
     """How an analysis runs on one kind of model (:data:`MODEL_KINDS`).
