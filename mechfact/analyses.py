@@ -72,7 +72,7 @@ class Variant:
 
     def configure(self, values: dict, *, spec, relations: str | None = None) -> tuple[Any, dict]:
         """(config, load options) from the given option values (the others keep their defaults)."""
-        values = dict(values)
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}  # configs hold lists
         load = {k: values.pop(k) for k in list(values) if k in self.load}
         if relations is not None:
             if self.relations == "ids":
@@ -92,15 +92,14 @@ class Variant:
             return self.build(values), self._load(load)
         if "model" in {f.name for f in dataclasses.fields(self.config)}:
             values["model"] = str(spec)
-        return self.config(**{k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}), self._load(load)
+        return self.config(**values), self._load(load)
 
     def _load(self, load: dict) -> dict:
         if not self.load:
             return {}
         from .llm.readout import PromptOptions
 
-        opts = PromptOptions(**{k: list(v) if isinstance(v, tuple) else v for k, v in load.items()
-                                if k != "relations"})
+        opts = PromptOptions(**{k: v for k, v in load.items() if k != "relations"})
         return {"relations": load.get("relations"), **opts.to_dict()}
 
 
@@ -287,9 +286,7 @@ def run(name: str, model, source=None, *, out, seed: int = 0, device: str = "cpu
 
 def _sweep_layers(text: str) -> tuple[int, ...]:
     try:
-        if text.strip().lower() == "all":
-            raise ValueError
-        return int_list(text, allow_all=False)
+        return int_list(text, allow_all=False)  # "all" is no integer: refused
     except ValueError:
         raise ValueError("the LRE sweeps listed layers, e.g. 3,9,15 or 4-20") from None
 
@@ -314,10 +311,6 @@ def _swap_config(values: dict):
     return SwapConfig(new_seed=values.pop("new_seed", 1), retrain=retrain)
 
 
-_PROMPT_DOCS = {"k_shot": "in-context examples per prompt (default 3)",
-                "template": "prompt template index per relation (default 0)"}
-
-
 def _register_configured() -> None:
     """The analyses declared with a config per kind of model: readout, superposition, lre, intervene, swap,
     scores."""
@@ -340,8 +333,7 @@ def _register_configured() -> None:
              pretrained=variant(ProbeConfig, R.run_llm_readout, relations="config", executor=True,
                                 choices={"site": SITES, "position": POSITIONS, "readout_on": ("all", "known"),
                                          "split": ("stratified", "random"), "padding": PADDING},
-                                docs={**_PROMPT_DOCS,
-                                      "site": "where the state is read in each block",
+                                docs={"site": "where the state is read in each block",
                                       "padding": "side the prompts of a batch are padded on (both exact)",
                                       "position": "subject_last (= subject), subject_first or last",
                                       "known_tokens": "a fact is known if the greedy next tokens match the "
@@ -386,8 +378,7 @@ def _register_configured() -> None:
              pretrained=variant(LreConfig, R.run_llm_lre, relations="config", executor=True,
                                 parsers={"layers": _sweep_layers, "ranks": _edit_ranks},
                                 choices={"facts": ("known", "all"), "protocol": ("authors", "mechfact")},
-                                docs={**_PROMPT_DOCS,
-                                      "layer": "subject layer l (default: n_layers // 2, 15 for the embedded "
+                                docs={"layer": "subject layer l (default: n_layers // 2, 15 for the embedded "
                                                "SmolLM2-135M-Instruct)",
                                       "layers": "sweep subject layers instead, e.g. 3,9,15 or 4-20 (each relation "
                                                 "reported at its best layer)",
@@ -415,7 +406,7 @@ def _register_configured() -> None:
              fact=variant(R.InterveneConfig, R.run_intervene, relations="ids", skip=("swap_pairs",), docs=iv,
                           flags={"n_units": "units", "kind": "ablation"}, choices={"kind": ("zero", "mean")}),
              pretrained=variant(R.InterveneConfig, R.run_intervene, relations="load", skip=("swap_pairs",),
-                                prompts=True, docs={**iv, **_PROMPT_DOCS}, choices={"kind": ("zero", "mean")},
+                                prompts=True, docs=iv, choices={"kind": ("zero", "mean")},
                                 flags={"n_units": "units", "kind": "ablation", "relations": "relation_ids"}))
     register("swap", help="freeze-and-swap: new bijections, zero-shot and retrained embeddings",
              fact=variant(R.SwapConfig, R.run_swap, build=_swap_config,
@@ -424,8 +415,7 @@ def _register_configured() -> None:
                                    Option("lr", 1e-2, "float", "retraining Adam lr"))))
     register("scores", help="target vs competitor logits (EVT line) and spectra of effective maps",
              fact=variant(R.LogitScoresConfig, R.run_scores),
-             pretrained=variant(R.LogitScoresConfig, R.run_scores, relations="load", prompts=True,
-                                docs=_PROMPT_DOCS))
+             pretrained=variant(R.LogitScoresConfig, R.run_scores, relations="load", prompts=True))
 
 
 def _register_builtin() -> None:

@@ -31,7 +31,8 @@ COMMON_DOCS = {
     "metric": "the clean answer's probability, or its logit minus the corrupted answer's",
 }
 # the flag of a field when it is not the field's name
-COMMON_FLAGS = {"heldout_fraction": "heldout", "n_splits": "splits", "n_trials": "trials", "cache_states": "state_cache"}
+COMMON_FLAGS = {"heldout_fraction": "heldout", "n_splits": "splits", "n_trials": "trials",
+                "cache_states": "state_cache"}
 
 
 def int_list(text: str, allow_all: bool) -> tuple[int, ...] | None:
@@ -43,9 +44,9 @@ def int_list(text: str, allow_all: bool) -> tuple[int, ...] | None:
         part = part.strip()
         if not part:
             continue
-        if "-" in part[1:]:
-            a, b = part[0] + part[1:].split("-", 1)[0], part[1:].split("-", 1)[1]
-            out.extend(range(int(a), int(b) + 1))
+        if "-" in part[1:]:  # a range; its first number may be negative
+            head, last = part[1:].split("-", 1)
+            out.extend(range(int(part[0] + head), int(last) + 1))
         else:
             out.append(int(part))
     if not out:
