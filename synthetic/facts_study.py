@@ -114,6 +114,18 @@ PARTS: dict[str, list[str]] = {
                                 "attributes", "--grid", "3", "4", "5", "6", "7", "--scan", "ascending", "--steps",
                                 str(steps), *COS, "--seed", "3", "--seeds", "2"]
        for k, steps in (("8k", 8000), ("32k", 32000))},
+    # for a GPU or a cluster (the pool page prints each one's cost, scaled from the timed CPU parts): a third seed
+    # at N = 4096 (A = 64), the budget ladder at N = 4096 (R = 8, A = 64; ascending scans below the 2000-step d* of
+    # 28) and N = 16384 at R = 2, 4
+    "pool_N4096_A64_s2": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "64",
+                          "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
+                          "--seed", "2", "--seeds", "1"],
+    **{f"pool_N4096_{k}": ["capacity", "--subjects", "4096", "--relations", "8", "--attributes", "64", "--outputs",
+                           "attributes", "--grid", *grid.split(), "--scan", "ascending", "--steps", str(steps), *COS,
+                           "--seeds", "3"]
+       for k, grid, steps in (("8k", "18 20 22 24 28", 8000), ("32k", "16 18 20 22 24 28", 32000))},
+    "pool_N16384_R2-4": ["capacity", "--subjects", "16384", "--relations", "2", "4", "--attributes", "16", "64",
+                         "--outputs", "attributes", "--grid", *POOL_GRID, "--steps", "2000", *COS, "--seeds", "3"],
     # the same worlds with fixed entity embeddings: the MLP width m* at d = 16. trainable: the embeddings can store
     # the facts; frozen-input: the subjects' input embeddings fixed, the A-way unembedding and the MLP learn (with
     # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed. Every width in

@@ -116,9 +116,13 @@ def _estimate(src: Path) -> str:
     from mechfact.runs import read_json
     from synthetic.facts_study import PARTS, part_command
 
-    def kind(p: str) -> tuple[str, int]:
-        m = re.fullmatch(r"pool_N(\d+)(.*)", p)
+    def kind(p: str) -> tuple[str, int]:  # (the budget suffix, N): pool_N4096_A64_s2_8k -> ("_8k", 4096)
+        m = re.fullmatch(r"pool_N(\d+)(?:_A(?:\d+|N))?(?:_R\d+(?:-\d+)*)?(?:_s\d+)?(.*)", p)
         return m.group(2), int(m.group(1))
+
+    def size(q: str) -> float:  # what a part's cost scales with besides N: its relations, pools and seeds
+        c = part_command(q)
+        return sum(c.relations) * len(c.attributes or [None]) * c.seeds
 
     pools = [p for p in PARTS if p.startswith("pool_N")]
     done = {p: read_json(src / "capacity" / p / "meta.json") for p in pools
@@ -129,18 +133,17 @@ def _estimate(src: Path) -> str:
                "--ray-address HEAD:6379`")
         if p in done:
             continue
-        same = [q for q in done if kind(q)[0] == kind(p)[0]]
+        same = [q for q in done if kind(q)[0] == kind(p)[0] and on_cpu(done[q])]
         cost = ""
         if p.endswith("_width"):
             cost = _width_cost(p, src, [q for q in done if q.endswith("_width")])
         elif same:
-            base = max(same, key=lambda q: kind(q)[1])
+            base = max(same, key=lambda q: (kind(q)[1], size(q)))
             n0, n1 = kind(base)[1], kind(p)[1]
-            s0, s1 = (part_command(q).seeds for q in (base, p))
-            hours = done[base]["wall_time_s"] * (n1 / n0) * (s1 / s0) / 3600
+            hours = done[base]["wall_time_s"] * (n1 / n0) * (size(p) / size(base)) / 3600
             cost = (f"about {hours:.1f} CPU hours on one thread in all ({base} took "
-                    f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by N and the seeds; more where d* grows "
-                    "faster than ln N)")
+                    f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by N, the relations' sum, the pools and the "
+                    "seeds; more where d* grows faster than ln N)")
         # a part of one pool at the same N (pool_N4096_A64 beside pool_N4096) holds some of this part's settings
         alone = [f"A = {q.rsplit('_A', 1)[1]} is {q} ({'finished' if q in done else 'unfinished'})" for q in pools
                  if re.fullmatch(rf"{re.escape(p)}_A\d+", q)]

@@ -84,13 +84,18 @@ def mechanism_figure(points: list[dict], path: Path) -> None:
             if mine:
                 ax.scatter([p["ratio"] for p in mine], [p[key] for p in mine], s=12, alpha=0.6, color=color,
                            label=f"{name} ({len(mine)} models)")
-        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xscale("log")
-        ax.set_xlabel("d / (R A)  (dashed: d = R A)")
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
+        ratio_axis(ax, label)
     fig.suptitle("The geometric mechanism against width over R A (every model of sections 2 and 3)")
     save(fig, path)
+
+
+def ratio_axis(ax, label: str, legend: int = 8) -> None:
+    """An axis against d / (R A): log scale, a dashed line at d = R A, the labels and the legend."""
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("d / (R A)  (dashed: d = R A)")
+    ax.set_ylabel(label)
+    ax.legend(fontsize=legend)
 
 
 def _reading(rows: list[dict]) -> str:

@@ -7,19 +7,32 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def read_summaries(out: Path, pattern: str) -> list[dict]:
+    """Every finished run's summary.json under ``out`` matching ``pattern`` (e.g. ``N*_R*_A*/*/summary.json``)."""
+    from mechfact.runs import read_json
+
+    return [read_json(f) for f in sorted(out.glob(pattern))]
+
+
+def copy_summaries(out: Path, pattern: str, dest: Path) -> int:
+    """Copies every finished run's summary.json under ``out`` matching ``pattern`` to ``dest`` (same layout);
+    how many."""
+    from mechfact.runs import read_json, write_json_atomic
+
+    files = sorted(out.glob(pattern))
+    for f in files:
+        write_json_atomic(dest / f.relative_to(out), read_json(f))
+    return len(files)
+
 
 def export(capacity_runs: Path, threshold_runs: Path, dest: Path) -> int:
     """Copies the pool capacity runs' JSON (``<capacity_runs>/pool_N*``) to ``dest/capacity`` and every finished
     threshold run's summary.json to ``dest/threshold`` (same layout): what a clone rebuilds the page from."""
-    from mechfact.runs import read_json, write_json_atomic
     from synthetic.facts_study import export_run_json
 
     n = sum(export_run_json(folder, dest / "capacity" / folder.name)
             for folder in sorted(capacity_runs.glob("pool_N*")))
-    for summ in sorted(threshold_runs.glob("N*_R*_A*/*/summary.json")):
-        write_json_atomic(dest / "threshold" / summ.relative_to(threshold_runs), read_json(summ))
-        n += 1
-    return n
+    return n + copy_summaries(threshold_runs, "N*_R*_A*/*/summary.json", dest / "threshold")
 
 
 def pool_thresholds(src: Path, searched: str = "d", suffix: str = "") -> tuple[list[dict], list[str]]:

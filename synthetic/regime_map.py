@@ -120,20 +120,16 @@ def run(out: Path, n: int, r: int, a: int, d_star: int, variants: list[str], see
 
 
 def collect(out: Path) -> list[dict]:
-    from mechfact.runs import read_json
+    from synthetic.pool_runs import read_summaries
 
-    return [read_json(f) for f in sorted(out.glob("map_N*_R*_A*/*/summary.json"))]
+    return read_summaries(out, "map_N*_R*_A*/*/summary.json")
 
 
 def export(out: Path, dest: Path) -> int:
     """Copies every finished map run's summary.json to ``dest/map`` (same layout)."""
-    from mechfact.runs import read_json, write_json_atomic
+    from synthetic.pool_runs import copy_summaries
 
-    n = 0
-    for f in sorted(out.glob("map_N*_R*_A*/*/summary.json")):
-        write_json_atomic(dest / "map" / f.relative_to(out), read_json(f))
-        n += 1
-    return n
+    return copy_summaries(out, "map_N*_R*_A*/*/summary.json", dest / "map")
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:

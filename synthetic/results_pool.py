@@ -237,6 +237,10 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
     text += _map_section(map_rows)
     points = mechanism_rows(rows + map_rows)
     text += mechanism_section(points)
+    from synthetic import mechanism_curve
+
+    ladder = mechanism_curve.collect(src / "curve")
+    text += mechanism_curve.section(ladder)
     text += ["## Not run here", "", _estimate(src) + _map_estimate(map_rows), ""]
     from mechfact.runs import atomic_path
 
@@ -251,6 +255,8 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
             regime_map.figure(map_rows, img / "regime_map.png")
         if points:
             mechanism_figure(points, img / "mechanism_pool.png")
+        if ladder:
+            mechanism_curve.figure(ladder, img / "mechanism_ladder.png")
 
 
 def _power_line(recs: list[dict]) -> list[str]:
@@ -387,6 +393,7 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
 
 def _width_section(src: Path) -> list[str]:
     """Section 1b: m* with fixed entity embeddings, from the pool_N*_width parts (nothing without)."""
+    from mechfact.facts.laws import width_laws_section
     from mechfact.runs import read_json
 
     recs, parts = pool_thresholds(src, "mlp-width", "_width")
@@ -410,7 +417,7 @@ def _width_section(src: Path) -> list[str]:
         "trainable entity embeddings, with the subjects' input embeddings fixed at their random initialisation "
         "(`frozen-input`: the A-way unembedding still learns, but with A outputs it has no per-subject column "
         "to store a fact in), and with both fixed (`frozen`). Per seed, median in brackets.", "",
-        width_table(recs, top), ""]
+        width_table(recs, top), "", *width_laws_section(recs)]
 
 
 def _map_section(rows: list[dict]) -> list[str]:

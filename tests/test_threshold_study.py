@@ -148,6 +148,9 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
     assert "8000 steps: bisection over 4, 5 (N = 256, R = 4); 32000 steps: ascending scan over 3, 4, 5 (N = 256, R = 4)" in page
     s256, s4096 = (int(PARTS[p][PARTS[p].index("--seeds") + 1]) for p in ("pool_N256", "pool_N4096"))
     assert f"- `pool_N4096`: about {1800 * 16 * s4096 / s256 / 3600:.1f} CPU hours" in page
+    # a part of other relations, pools and seeds scales by each: N = 16384 at R = 2, 4, A = 16, 64 (3 seeds) from
+    # pool_N256's R = 2-16, A = 16, 64, 256: 64x the subjects, 6 / 30 of the relations, 2 / 3 of the pools
+    assert f"- `pool_N16384_R2-4`: about {1800 * 64 * (6 / 30) * (2 / 3) * (3 / s256) / 3600:.1f} CPU hours" in page
     assert "`pool_N256_width`" not in page.split("## Not run here")[1]
 
 

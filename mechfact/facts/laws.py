@@ -40,7 +40,16 @@ POWER = "free power law"
 
 def threshold_points(thresholds: list[dict]) -> dict[str, np.ndarray]:
     """Arrays ``n``, ``r``, ``a``, ``d``, ``seed`` of the usable trainable-embedding thresholds (module docstring)."""
-    rows = [t for t in thresholds if t.get("embeddings", "trainable") == "trainable" and t.get("searched", "d") == "d"]
+    return _points([t for t in thresholds
+                    if t.get("embeddings", "trainable") == "trainable" and t.get("searched", "d") == "d"])
+
+
+def width_points(thresholds: list[dict], embeddings: str) -> dict[str, np.ndarray]:
+    """The same arrays for the MLP-width thresholds m* of one embedding regime (``d`` holds m*)."""
+    return _points([t for t in thresholds if t.get("searched") == "mlp-width" and t["embeddings"] == embeddings])
+
+
+def _points(rows: list[dict]) -> dict[str, np.ndarray]:
     key = lambda t: (t["subjects"], t["relations"], t.get("attributes", t["subjects"]))  # noqa: E731
     bad = {key(t) for t in rows if t["threshold"] is None or t.get("at_grid_min")}
     rows = [t for t in rows if key(t) not in bad]
@@ -49,8 +58,9 @@ def threshold_points(thresholds: list[dict]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, dtype=float) for k, v in cols.items()}
 
 
-def _fit(law: str, p: dict, idx: np.ndarray):
-    """(predict(points, idx) -> d*, number of parameters) of ``law`` fitted on the points ``idx``."""
+def _fit(law: str, p: dict, idx: np.ndarray, laws: dict):
+    """(predict(points, idx) -> d*, number of parameters) of ``law`` (a name in ``laws`` or the power law) fitted
+    on the points ``idx``."""
     d = p["d"][idx]
     if law == POWER:
         names = [k for k in ("r", "n", "a") if len(np.unique(p[k][idx])) >= 2]
@@ -60,42 +70,54 @@ def _fit(law: str, p: dict, idx: np.ndarray):
         def predict(q, j):
             return np.exp(beta[0] + sum(b * np.log(q[k][j]) for b, k in zip(beta[1:], names)))
         return predict, 1 + len(names)
-    f = LAWS[law](p["n"][idx], p["r"][idx], p["a"][idx])
+    f = laws[law](p["n"][idx], p["r"][idx], p["a"][idx])
     X = np.column_stack([f / d, 1.0 / d])  # minimise sum ((d - a f - b) / d)^2
     coef = np.linalg.lstsq(X, np.ones(len(idx)), rcond=None)[0]
 
     def predict(q, j):
-        return coef[0] * LAWS[law](q["n"][j], q["r"][j], q["a"][j]) + coef[1]
+        return coef[0] * laws[law](q["n"][j], q["r"][j], q["a"][j]) + coef[1]
     return predict, 2
 
 
-def compare_laws(thresholds: list[dict], *, seed: int = 0) -> dict:
-    """Every candidate law's full-fit error, AIC, BIC and leave-one-N-out error, and the paired verdict of the best
-    held-out law against each rival (module docstring). Empty without three values of N."""
-    p = threshold_points(thresholds)
-    ns = sorted(set(p["n"].tolist()))
-    if len(ns) < 3:
+def compare_laws(thresholds: list[dict], *, seed: int = 0, laws: dict | None = None,
+                 points: dict[str, np.ndarray] | None = None, hold_out: str = "n") -> dict:
+    """Every candidate law's full-fit error, AIC, BIC and held-out error, and the paired verdict of the best
+    held-out law against each rival (module docstring). ``laws``: the affine candidates (default :data:`LAWS`; the
+    free power law is always one); ``points``: the values to fit (default the d* of ``thresholds``,
+    :func:`threshold_points`); ``hold_out``: ``"n"`` leaves one N out, ``"setting"`` one (N, R, A) setting.
+    Empty with fewer than three groups to hold out."""
+    if hold_out not in ("n", "setting"):
+        raise ValueError(f"hold_out {hold_out!r}: allowed values are 'n', 'setting'")
+    p = threshold_points(thresholds) if points is None else points
+    laws = LAWS if laws is None else laws
+    trip = list(zip(p["n"].tolist(), p["r"].tolist(), p["a"].tolist()))
+    index = {t: i for i, t in enumerate(sorted(set(trip)))}
+    group = p["n"] if hold_out == "n" else np.array([index[t] for t in trip], dtype=float)
+    groups = sorted(set(group.tolist()))
+    if len(groups) < 3:
         return {}
     m = len(p["d"])
     allidx = np.arange(m)
-    laws = {}
+    out_laws = {}
     held_err = {}
-    for law in [*LAWS, POWER]:
-        predict, k = _fit(law, p, allidx)
+    for law in [*laws, POWER]:
+        predict, k = _fit(law, p, allidx, laws)
         rel = (p["d"] - predict(p, allidx)) / p["d"]
         rss = float(rel @ rel)
         out = np.empty(m)
         per_n = {}
-        for n in ns:
-            tr, te = allidx[p["n"] != n], allidx[p["n"] == n]
-            pr, _ = _fit(law, p, tr)
+        for g in groups:
+            tr, te = allidx[group != g], allidx[group == g]
+            pr, _ = _fit(law, p, tr, laws)
             out[te] = (p["d"][te] - pr(p, te)) / p["d"][te]
-            per_n[int(n)] = float(np.sqrt(np.mean(out[te] ** 2)))
+            if hold_out == "n":
+                per_n[int(g)] = float(np.sqrt(np.mean(out[te] ** 2)))
         held_err[law] = out ** 2
-        laws[law] = {"k": k, "rms_rel_error": math.sqrt(rss / m), "aic": m * math.log(rss / m) + 2 * k,
-                     "bic": m * math.log(rss / m) + k * math.log(m),
-                     "lono_rms_rel_error": float(np.sqrt(np.mean(out ** 2))), "lono_per_n": per_n}
-    best = min(laws, key=lambda law: laws[law]["lono_rms_rel_error"])
+        out_laws[law] = {"k": k, "rms_rel_error": math.sqrt(rss / m), "aic": m * math.log(rss / m) + 2 * k,
+                         "bic": m * math.log(rss / m) + k * math.log(m),
+                         "held_out_rms_rel_error": float(np.sqrt(np.mean(out ** 2))), "held_out_per_n": per_n}
+    laws = out_laws
+    best = min(laws, key=lambda law: laws[law]["held_out_rms_rel_error"])
     settings = sorted({(n, r, a) for n, r, a in zip(p["n"], p["r"], p["a"])})
 
     def per_setting(err):
@@ -109,8 +131,9 @@ def compare_laws(thresholds: list[dict], *, seed: int = 0) -> dict:
     for law, q in zip(rivals, stats.holm([vs[law]["p_value"] for law in rivals])):
         vs[law]["p_holm"] = q
         vs[law]["beaten"] = bool(q < 0.05 and vs[law]["diff"] > 0)
-    return {"n_points": m, "n_settings": len(settings), "n_values": [int(n) for n in ns],
-            "n_seeds": int(len(set(p["seed"].tolist()))), "laws": laws, "best": best, "best_vs": vs}
+    return {"n_points": m, "n_settings": len(settings), "n_values": sorted({int(n) for n in p["n"]}),
+            "n_seeds": int(len(set(p["seed"].tolist()))), "hold_out": hold_out, "laws": laws, "best": best,
+            "best_vs": vs}
 
 
 # paper A's linear memory at capacity: p ln p / d^2 = 1/2 associations, log2 p bits each, on d^2 parameters
@@ -138,18 +161,17 @@ def bits_per_parameter(thresholds: list[dict]) -> list[dict]:
     return out
 
 
-def laws_section(thresholds: list[dict], budget: str) -> list[str]:
-    """The page's section: one row per law and the verdict sentence (nothing with fewer than three N)."""
-    c = compare_laws(thresholds)
-    if not c:
-        return []
-    rows = ["| law | parameters | RMS relative error (all points) | AIC | BIC | leave-one-N-out RMS relative error: "
-            + " / ".join(f"N = {n}" for n in c["n_values"]) + " | pooled |",
-            "|---|---|---|---|---|---|---|"]
-    for law, x in sorted(c["laws"].items(), key=lambda kv: kv[1]["lono_rms_rel_error"]):
+def _table(c: dict) -> list[str]:
+    """The comparison's rows, best held-out law first, and its verdict sentence."""
+    by_n = c["hold_out"] == "n"
+    held = ("leave-one-N-out RMS relative error: " + " / ".join(f"N = {n}" for n in c["n_values"]) + " | pooled"
+            if by_n else "leave-one-setting-out RMS relative error")
+    rows = [f"| law | parameters | RMS relative error (all points) | AIC | BIC | {held} |",
+            "|---|---|---|---|---|---|" + ("---|" if by_n else "")]
+    for law, x in sorted(c["laws"].items(), key=lambda kv: kv[1]["held_out_rms_rel_error"]):
         rows.append(f"| {law} | {x['k']} | {x['rms_rel_error']:.3f} | {x['aic']:.1f} | {x['bic']:.1f} | "
-                    + " / ".join(f"{x['lono_per_n'][n]:.3f}" for n in c["n_values"])
-                    + f" | {x['lono_rms_rel_error']:.3f} |")
+                    + (" / ".join(f"{x['held_out_per_n'][n]:.3f}" for n in c["n_values"]) + " | " if by_n else "")
+                    + f"{x['held_out_rms_rel_error']:.3f} |")
     best = c["best"]
     beats = [law for law, v in c["best_vs"].items() if v["beaten"]]
     ties = [law for law in c["best_vs"] if law not in beats]
@@ -158,6 +180,14 @@ def laws_section(thresholds: list[dict], budget: str) -> list[str]:
                + (" and is not distinguishable from " + ", ".join(ties) if ties else "")
                + f" (each rival's mean squared relative error per setting minus the best law's, paired over the "
                f"{c['n_settings']} settings, sign-flip test, Holm over the {len(c['best_vs'])} rivals: {detail}).")
+    return [*rows, "", verdict]
+
+
+def laws_section(thresholds: list[dict], budget: str) -> list[str]:
+    """The page's section: one row per law and the verdict sentence (nothing with fewer than three N)."""
+    c = compare_laws(thresholds)
+    if not c:
+        return []
     bpp = bits_per_parameter(thresholds)
     v = np.array([b["bits_per_parameter"] for b in bpp])
     top = max(bpp, key=lambda b: b["bits_per_parameter"])
@@ -170,8 +200,31 @@ def laws_section(thresholds: list[dict], budget: str) -> list[str]:
             f"predict it; {c['n_points']} thresholds ({c['n_settings']} settings, seeds {c['n_seeds']} at most, "
             f"N = {', '.join(map(str, c['n_values']))}), each a {budget} threshold, which has not converged "
             "(see the budget check above): the verdict is about these thresholds, not yet the law at "
-            "convergence.", "", *rows, "", verdict, "", bits, ""]
+            "convergence.", "", *_table(c), "", bits, ""]
 
 
-__all__ = ["LAWS", "POWER", "LINEAR_MEMORY_BITS", "threshold_points", "compare_laws", "bits_per_parameter",
-           "laws_section"]
+# m* of fixed embeddings: the facts N R, or their bits N R log2 A (the same affine family as N R ln A: a law a N R
+# log2 A + b is a / ln 2 N R ln A + b, so the two predict alike and are one candidate here)
+WIDTH_LAWS = {
+    "N R": lambda n, r, a: n * r,
+    "N R ln A": lambda n, r, a: n * r * np.log(a),
+}
+
+
+def width_laws_section(thresholds: list[dict], embeddings: tuple[str, ...] = ("frozen-input", "frozen")) -> list[str]:
+    """m* per embedding regime: the laws of :data:`WIDTH_LAWS` and the free power law, each refitted without one
+    (N, R, A) setting and asked to predict it (two values of N are too few to leave one out), with the verdict."""
+    out = []
+    for e in embeddings:
+        c = compare_laws([], laws=WIDTH_LAWS, points=width_points(thresholds, e), hold_out="setting")
+        if not c:
+            continue
+        out += [f"m* laws, `{e}` embeddings ({c['n_points']} thresholds, {c['n_settings']} settings that reached "
+                f"above the grid's smallest width, N = {', '.join(map(str, c['n_values']))}, seeds "
+                f"{c['n_seeds']} at most): every law refitted without one setting and asked to predict it. "
+                "N R log2 A (the facts' bits) is N R ln A rescaled, the same candidate.", "", *_table(c), ""]
+    return out
+
+
+__all__ = ["LAWS", "WIDTH_LAWS", "POWER", "LINEAR_MEMORY_BITS", "threshold_points", "width_points", "compare_laws",
+           "bits_per_parameter", "laws_section", "width_laws_section"]
