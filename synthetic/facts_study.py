@@ -57,7 +57,7 @@ PARTS: dict[str, list[str]] = {
     # frozen vs trainable: MLP width needed at d = 16 against the number of facts
     "width_d16": ["capacity", "--subjects", "64", "128", "--relations", "1", "2", "4", "--embeddings", "trainable",
                   "frozen", "frozen-input", "--search", "mlp-width", "--d", "16", "--grid", "2", "4", "8", "16", "32",
-                  "64", "128", "256", "512", "1024", "--steps", "2000", *COS],
+                  "64", "128", "256", "512", "1024", "--scan", "ascending", "--steps", "2000", *COS, "--seeds", "2"],
     # d* in attribute-pool worlds (the paper's setting: relations map the N subjects into a shared pool of A
     # attributes), scored over the pool (--outputs attributes); 3 seeds at N <= 1024, 2 at N = 4096. A training
     # step at N = 4096, R = 16, A = 64, d = 64 takes ~1.5 s on one CPU thread (benchmarks/outputs_bench.py): the
@@ -120,6 +120,13 @@ PARTS: dict[str, list[str]] = {
     "pool_N4096_A64_s2": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "64",
                           "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
                           "--seed", "2", "--seeds", "1"],
+    "pool_N4096_A16_s2": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "16",
+                          "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
+                          "--seed", "2", "--seeds", "1"],
+    # the bijection limit A = N at N = 4096 (pool_N1024_AN's at the paper's N), three seeds
+    "pool_N4096_AN": ["capacity", "--subjects", "4096", "--relations", "2", "4", "8", "16", "--attributes", "4096",
+                      "--outputs", "attributes", "--grid", *POOL_GRID, "80", "96", "128", "--steps", "2000", *COS,
+                      "--seeds", "3"],
     **{f"pool_N4096_{k}": ["capacity", "--subjects", "4096", "--relations", "8", "--attributes", "64", "--outputs",
                            "attributes", "--grid", *grid.split(), "--scan", "ascending", "--steps", str(steps), *COS,
                            "--seeds", "3"]
@@ -224,27 +231,27 @@ def construction_d(n: int, r: int, k: int) -> int:
 
 
 def multihop_table(out: Path) -> str:
-    """Exact-chain accuracy of the multihop_N* parts under ``out``: one row per (N, batch, steps, d, seed) (the
-    part's queries per step, ``full`` for a full batch, and step budget), direct / CoT per k, and the construction's
+    """Exact-chain accuracy of the multihop parts under ``out``: one row per (N, batch, steps, d, MLP width, seed)
+    (the part's queries per step, ``full`` for a full batch, and step budget), direct / CoT per k, and the construction's
     d for a direct lookup at each k (CoT's: the k = 1 value), cached in ``out/construction_d.json``."""
     rows = []
     for name in PARTS:
         f = out / name / "result.json"
-        if not (name.startswith("multihop_N") and f.is_file()):
+        if not (name.startswith("multihop_") and f.is_file()):
             continue
         a = part_command(name)
         pts = {(p["hops"], p["mode"]): p["accuracy"] for p in json.loads(f.read_text())["points"]}
-        rows.append((a.subjects, a.relations, a.batch_size, a.steps, a.d, a.seed, pts))  # batch 0: full batch
+        rows.append((a.subjects, a.relations, a.batch_size, a.steps, a.d, a.mlp_width, a.seed, pts))  # batch 0: full
     if not rows:
-        return "(no multihop_N* parts)"
+        return "(no multihop parts)"
     ks = sorted({k for *_, pts in rows for k, _ in pts})
-    head = ["N", "R", "batch", "steps", "d", "seed"] + [f"k = {k} {m}" for k in ks
+    head = ["N", "R", "batch", "steps", "d", "MLP width", "seed"] + [f"k = {k} {m}" for k in ks
                                                         for m in (("direct",) if k == 1 else ("direct", "CoT"))]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n, r, batch, steps, d, seed, pts in sorted(rows, key=lambda row: row[:6]):
+    for n, r, batch, steps, d, m, seed, pts in sorted(rows, key=lambda row: row[:7]):
         cells = [f"{pts[(k, m)]:.3f}" if (k, m) in pts else "—" for k in ks
                  for m in (("direct",) if k == 1 else ("direct", "cot"))]
-        lines.append(f"| {n} | {r} | {batch or 'full'} | {steps} | {d} | {seed} | " + " | ".join(cells) + " |")
+        lines.append(f"| {n} | {r} | {batch or 'full'} | {steps} | {d} | {m} | {seed} | " + " | ".join(cells) + " |")
     from mechfact.runs import read_json, write_json_atomic
 
     cache = out / "construction_d.json"  # the constructions are deterministic; k = 4 at N = 64 takes ~2 min
@@ -302,11 +309,11 @@ def resume_shipped(shipped: Path, out: Path, parts: list[str]) -> list[str]:
 
 
 def export_multihop(out: Path, dest: Path) -> int:
-    """Copies the multihop_N* parts' JSON (and the construction cache) to ``dest``: what the multi-hop table of
+    """Copies the multihop parts' JSON (and the construction cache) to ``dest``: what the multi-hop table of
     docs/results_facts.md is rebuilt from (``--out dest --multihop-table``)."""
     from mechfact.runs import read_json, write_json_atomic
 
-    n = sum(export_run_json(out / name, dest / name) for name in PARTS if name.startswith("multihop_N"))
+    n = sum(export_run_json(out / name, dest / name) for name in PARTS if name.startswith("multihop_"))
     if (out / "construction_d.json").is_file():  # merged into dest's: a run folder may hold fewer constructions
         old = read_json(dest / "construction_d.json") if (dest / "construction_d.json").is_file() else {}
         write_json_atomic(dest / "construction_d.json", {**old, **read_json(out / "construction_d.json")})
@@ -349,9 +356,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/facts"))
     ap.add_argument("--part", nargs="+", choices=sorted(PARTS), default=None, help="default: all parts")
     ap.add_argument("--summarize", action="store_true")
-    ap.add_argument("--multihop-table", action="store_true", help="print the multihop_N* parts' table")
+    ap.add_argument("--multihop-table", action="store_true", help="print the multihop parts' table")
     ap.add_argument("--export-multihop", type=Path, default=None, metavar="DIR",
-                    help="copy the multihop_N* parts' JSON to DIR (the table is rebuilt with --out DIR)")
+                    help="copy the multihop parts' JSON to DIR (the table is rebuilt with --out DIR)")
     ap.add_argument("--resume-from", type=Path, default=None, metavar="DIR",
                     help="first copy the exported parts in DIR (e.g. docs/runs/pool/capacity) that --out lacks, so "
                          "they continue where the shipped runs stopped")

@@ -27,7 +27,7 @@ def test_every_part_parses_into_a_valid_config(name, tmp_path):
 
 
 def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
-    """One row per (N, batch, steps, d) with direct / CoT per k; missing points are dashes; the construction's d
+    """One row per (N, batch, steps, d, MLP width, seed) with direct / CoT per k; missing points are dashes; the construction's d
     comes from the cache (computed once), and a part's JSON survives the export the docs table is rebuilt from."""
     import json
 
@@ -42,13 +42,17 @@ def test_multihop_table_reads_the_parts_and_the_construction_cache(tmp_path):
     (tmp_path / "multihop_N1024_b256_d16").mkdir()  # a minibatch part: its own row, its batch named
     (tmp_path / "multihop_N1024_b256_d16" / "result.json").write_text(json.dumps({"points": pts[:1]}))
     text = F.multihop_table(tmp_path)
-    assert "| N | R | batch | steps | d | seed | k = 1 direct | k = 2 direct | k = 2 CoT |" in text
-    assert "| 64 | 4 | full | 3000 | 8 | 0 | 1.000 | 0.500 | 0.999 |" in text
-    assert "| 1024 | 4 | 256 | 6000 | 16 | 0 | 1.000 | — | — |" in text
+    assert "| N | R | batch | steps | d | MLP width | seed | k = 1 direct | k = 2 direct | k = 2 CoT |" in text
+    assert "| 64 | 4 | full | 3000 | 8 | 64 | 0 | 1.000 | 0.500 | 0.999 |" in text
+    assert "| 1024 | 4 | 256 | 6000 | 16 | 64 | 0 | 1.000 | — | — |" in text
     (tmp_path / "multihop_N1024_b256_d64_seed1").mkdir()  # a second seed: a row of its own
     (tmp_path / "multihop_N1024_b256_d64_seed1" / "result.json").write_text(json.dumps({"points": pts[1:]}))
     text = F.multihop_table(tmp_path)
-    assert "| 1024 | 4 | 256 | 6000 | 64 | 1 | — | 0.500 | 0.999 |" in text
+    assert "| 1024 | 4 | 256 | 6000 | 64 | 64 | 1 | — | 0.500 | 0.999 |" in text
+    (tmp_path / "multihop_seed2").mkdir()  # the N = 32 parts (their own MLP width) are rows too
+    (tmp_path / "multihop_seed2" / "result.json").write_text(json.dumps({"points": pts}))
+    assert "| 32 | 4 | full | 3000 | 16 | 32 | 2 | 1.000 | 0.500 | 0.999 |" in F.multihop_table(tmp_path)
+    (tmp_path / "multihop_seed2" / "result.json").unlink()
     assert "at N = 64, R = 4 (k = 1: 64, k = 2: 256)" in text
     assert F.export_multihop(tmp_path, tmp_path / "e") == 4
     assert F.multihop_table(tmp_path / "e") == text
