@@ -24,7 +24,8 @@ PART = "holds in part"
 NOT = "does not hold here"
 NOT_FAST = "not measured in --fast"
 NOT_RUN = "not run by the quickstart"
-VERDICTS = (HOLDS, PART, NOT, NOT_FAST, NOT_RUN)
+UNDECIDED = "undecided at this size"  # consistent here, but what decides the claim (e.g. a law held out) is not
+VERDICTS = (HOLDS, PART, NOT, UNDECIDED, NOT_FAST, NOT_RUN)
 
 
 @dataclass

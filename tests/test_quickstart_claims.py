@@ -11,7 +11,7 @@ import pytest
 
 from mechfact.quickstart import claims as C
 from mechfact.quickstart import claims_llm as L
-from mechfact.report import HOLDS, NOT, NOT_FAST, NOT_RUN, PART
+from mechfact.report import HOLDS, NOT, NOT_FAST, NOT_RUN, PART, UNDECIDED
 
 # ---- paper A ------------------------------------------------------------------------------------------------
 
@@ -117,10 +117,12 @@ THREE = {(64, 1): 4.0, (64, 2): 8.0, (128, 4): 16.0}
 
 
 @pytest.mark.parametrize("summary, fast, verdict", [
-    (_dstar(THREE), False, HOLDS),
-    (_dstar(THREE, r2=0.81, r2_nr=0.8), False, HOLDS),
-    (_dstar(THREE, r2=0.79), False, PART),  # the line fits loosely
-    (_dstar(THREE, r2=0.9, r2_nr=0.95), False, PART),  # N R fits better
+    # a line in R ln N that fits is consistent with the law, never its proof: the law is decided held out over
+    # three or more N at converged thresholds (the pool page), so a small run says "undecided", whichever fits best
+    (_dstar(THREE), False, UNDECIDED),
+    (_dstar(THREE, r2=0.81, r2_nr=0.8), False, UNDECIDED),
+    (_dstar(THREE, r2=0.79), False, UNDECIDED),  # the line fits loosely
+    (_dstar(THREE, r2=0.9, r2_nr=0.95), False, UNDECIDED),  # N R fits better
     (_dstar(THREE, slope=-1.0), False, NOT),  # d* falls with R ln N
     (_dstar(THREE, r2=0.4), False, NOT),
     (_dstar({(64, 1): 4.0, (64, 2): 4.0, (128, 4): 4.0}), False, NOT),  # d* does not change
