@@ -92,6 +92,29 @@ def own_thresholds(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _reading(rows: list[dict]) -> list[str]:
+    """One line per world shape and regime: the mean zero-shot accuracy at the ladder's ends and at its own
+    threshold (the median rung over seeds where every seed memorises somewhere on the ladder)."""
+    g = _groups(rows)
+    own: dict[tuple, list[dict]] = {}
+    for t in own_thresholds(rows):
+        own.setdefault(t["key"][:4], []).append(t)
+    out = []
+    for key, ts in own.items():
+        curve = sorted((k[4], np.mean([x["zero_shot_accuracy"] for x in v])) for k, v in g.items() if k[:4] == key)
+        (lo, z_lo), (hi, z_hi) = curve[0], curve[-1]
+        top = max(curve, key=lambda c: c[1])
+        line = (f"- N = {key[0]}, R = {key[1]}, A = {key[2]}, {key[3]}: mean zero-shot {z_lo:.2f} at x = {lo:g}, "
+                f"{z_hi:.2f} at x = {hi:g} (highest {top[1]:.2f}, at x = {top[0]:g})")
+        if all(t["ratio"] is not None for t in ts):
+            x = float(np.median([t["ratio"] for t in ts]))
+            line += (f"; its own threshold at x = {x:g} (median over {len(ts)} seeds"
+                     + (", a bound: the first rung" if all(t["at_min"] for t in ts) else "")
+                     + f"), zero-shot there {np.median([t['zero_shot'] for t in ts]):.2f}")
+        out.append(line + ".")
+    return out
+
+
 def _across_n(rows: list[dict]) -> list[str]:
     """At the same absolute d, R and A, the mean over seeds at each N and the difference between the largest and
     the smallest N, with a bootstrap over the (N, seed) units resampled within each N."""
@@ -185,7 +208,7 @@ def section(rows: list[dict]) -> list[str]:
         z = ", ".join(f"{t['zero_shot']:.2f}" for t in hit) or "-"
         r2 = ", ".join(f"{t['r2']:.2f}" for t in hit) or "-"
         out.append(f"| {n} | {r} | {a} | {regime} | {', '.join(cell(t) for t in ts)} | {z} | {r2} |")
-    out += ["", *_across_n(rows)]
+    out += ["", *_reading(rows), "", *_across_n(rows)]
     trends = _trends(rows)
     if trends:
         out += [trends, ""]
