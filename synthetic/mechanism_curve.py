@@ -239,6 +239,9 @@ def figure(rows: list[dict], path: Path) -> None:
                             color=colors.get(regime), ls=styles[i % len(styles)], marker="o", ms=3, capsize=2,
                             label=f"{regime}, N={n} R={r} A={a}")
         ratio_axis(ax, label, legend=7)
+        ticks = sorted({r["ratio"] for r in rows})
+        ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+        ax.minorticks_off()
     fig.suptitle("The mechanism on a ladder of widths (mean over seeds, bars: the seeds' range)")
     save(fig, path)
 
