@@ -62,7 +62,7 @@ def _seed_mean(values: list[float]) -> str:
     otherwise the seeds' range, said so."""
     from mechfact import stats
 
-    est, distinct = stats.stratified_bootstrap(values, lambda v: float(np.mean(v)), strata=[0] * len(values))
+    est, _ = stats.stratified_bootstrap(values, lambda v: float(np.mean(v)), strata=[0] * len(values))
     if est.low is not None:
         return f"{est.value:.2f} [{est.low:.2f}, {est.high:.2f}]"
     return f"{est.value:.2f} (range {min(values):.2f}-{max(values):.2f})"

@@ -102,8 +102,8 @@ def bijection_section(recs: list[dict], cons: list[dict]) -> list[str]:
         return head + ["(no A = N pool runs)", ""]
     built = {(c["subjects"], c["relations"]): c["d"] for c in cons if c["hops"] == 1}
     out = head + [
-        "The bijection worlds (A = N: every relation a permutation of the N entities) of the pool parts "
-        "`pool_N256` and `pool_N1024_AN` (the 2000-step thresholds of `results_pool.md`, section 1: MLP width 64, "
+        "The bijection worlds (A = N: every relation a permutation of the N entities) of the pool parts (the "
+        "2000-step thresholds of `results_pool.md`, section 1: MLP width 64, "
         "uniform attention, Adam 3e-2 with warm-up and cosine decay, 2000 steps, stopped at 99%), beside the "
         "construction of section 1:", "",
         "| N | R | R ln N | d* per seed | median d* | d* / (R ln N) | construction d | construction / trained |",
