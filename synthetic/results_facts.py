@@ -81,7 +81,8 @@ def construction_section(cons: list[dict]) -> list[str]:
         out.append(f"| {c['subjects']} | {c['relations']} | {c['block_size']} | {c['d']} | {q:.2f} | "
                    f"{c['accuracy']:.3f} |")
     nr = [c["subjects"] * c["relations"] for c in single]
-    out += ["", f"d / (R ln N) stays within {min(ratio):.2f}-{max(ratio):.2f} while N R grows {max(nr) // min(nr)}-fold "
+    out += ["", f"d / (R ln N) stays within {min(ratio):.2f}-{max(ratio):.2f} while N R grows "
+            f"{max(nr) // min(nr)}-fold "
             f"({len(single)} settings): the construction scales like R log N, as claimed."]
     cot = [c for c in cons if c["hops"] > 1]
     if cot:

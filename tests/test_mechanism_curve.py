@@ -30,8 +30,8 @@ def test_each_regime_s_own_threshold_is_the_first_rung_that_memorises_not_a_cuto
     assert ("- N = 64, R = 2, A = 8, default: mean zero-shot 0.40 at x = 0.5, 0.40 at x = 2 (highest 0.40, at "
             "x = 0.5); its own threshold at x = 0.5 (median over 2 seeds, a bound: the first rung), zero-shot there "
             "0.40.") in page
-    assert "- N = 64, R = 2, A = 8, geometric: mean zero-shot 0.23 at x = 0.5, 0.75 at x = 2 (highest 0.75, at x = 2)." \
-        in page
+    assert ("- N = 64, R = 2, A = 8, geometric: mean zero-shot 0.23 at x = 0.5, 0.75 at x = 2 (highest 0.75, "
+            "at x = 2).") in page
 
 
 def test_a_seed_mean_gets_an_interval_only_from_five_seeds_on_and_the_range_below():
