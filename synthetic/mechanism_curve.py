@@ -92,15 +92,20 @@ def own_thresholds(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _own_by_world(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """:func:`own_thresholds` per (N, R, A, regime), seeds in order."""
+    by: dict[tuple, list[dict]] = {}
+    for t in own_thresholds(rows):
+        by.setdefault(t["key"][:4], []).append(t)
+    return by
+
+
 def _reading(rows: list[dict]) -> list[str]:
     """One line per world shape and regime: the mean zero-shot accuracy at the ladder's ends and at its own
     threshold (the median rung over seeds where every seed memorises somewhere on the ladder)."""
     g = _groups(rows)
-    own: dict[tuple, list[dict]] = {}
-    for t in own_thresholds(rows):
-        own.setdefault(t["key"][:4], []).append(t)
     out = []
-    for key, ts in own.items():
+    for key, ts in _own_by_world(rows).items():
         curve = sorted((k[4], np.mean([x["zero_shot_accuracy"] for x in v])) for k, v in g.items() if k[:4] == key)
         (lo, z_lo), (hi, z_hi) = curve[0], curve[-1]
         top = max(curve, key=lambda c: c[1])
@@ -196,10 +201,7 @@ def section(rows: list[dict]) -> list[str]:
             "already memorises at the first rung) and what it shows there:", "",
             "| N | R | A | regime | own threshold d / (R A), per seed | zero-shot there | R^2 there |",
             "|---|---|---|---|---|---|---|"]
-    by: dict[tuple, list[dict]] = {}
-    for t in own_thresholds(rows):
-        by.setdefault(t["key"][:4], []).append(t)
-    for (n, r, a, regime), ts in by.items():
+    for (n, r, a, regime), ts in _own_by_world(rows).items():
         def cell(t):
             if t["ratio"] is None:
                 return f"> {max(t['rungs']):g}"
@@ -224,11 +226,13 @@ def figure(rows: list[dict], path: Path) -> None:
     colors = {"default": "tab:blue", "geometric": "tab:orange"}
     styles = ["-", "--", ":", "-."]
     worlds = sorted({(r["subjects"], r["relations"], r["attributes"]) for r in rows})
+    groups = _groups(rows)
+    ticks = sorted({r["ratio"] for r in rows})
     for ax, key, label in ((axes[0], "zero_shot_accuracy", "zero-shot accuracy"),
                            (axes[1], "r2_heldout", "held-out superposition R^2")):
         for i, (n, r, a) in enumerate(worlds):
             for regime in REGIMES:
-                g = {k[4]: v for k, v in _groups(rows).items() if k[:4] == (n, r, a, regime)}
+                g = {k[4]: v for k, v in groups.items() if k[:4] == (n, r, a, regime)}
                 if not g:
                     continue
                 xs = sorted(g)
@@ -239,7 +243,6 @@ def figure(rows: list[dict], path: Path) -> None:
                             color=colors.get(regime), ls=styles[i % len(styles)], marker="o", ms=3, capsize=2,
                             label=f"{regime}, N={n} R={r} A={a}")
         ratio_axis(ax, label, legend=7)
-        ticks = sorted({r["ratio"] for r in rows})
         ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
         ax.minorticks_off()
     fig.suptitle("The mechanism on a ladder of widths (mean over seeds, bars: the seeds' range)")

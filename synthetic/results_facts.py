@@ -56,14 +56,6 @@ def export(out: Path, dest: Path) -> int:
                if (out / name).is_dir())
 
 
-def _affine(x: list[float], y: list[float]) -> tuple[float, float, float]:
-    """Least-squares y = a x + b: (a, b, R^2)."""
-    a, b = np.polyfit(x, y, 1)
-    pred = a * np.asarray(x) + b
-    ss = float(np.sum((np.asarray(y) - np.mean(y)) ** 2))
-    return float(a), float(b), 1 - float(np.sum((np.asarray(y) - pred) ** 2)) / ss if ss else float("nan")
-
-
 def construction_section(cons: list[dict]) -> list[str]:
     single = sorted((c for c in cons if c["hops"] == 1), key=lambda c: (c["subjects"], c["relations"]))
     if not single:
@@ -122,11 +114,12 @@ def bijection_section(recs: list[dict], cons: list[dict]) -> list[str]:
         out.append(f"| {n} | {r} | {r * math.log(n):.1f} | {cell} | {m:g} | {m / (r * math.log(n)):.2f} | "
                    f"{c if c else '—'} | {f'{c / m:.1f}x' if c else '—'} |")
     if len(med) >= 3:
+        from synthetic.results_pool import _median_line
+
         keys = sorted(med)
-        y = [med[k] for k in keys]
-        fits = {"R ln N": [r * math.log(n) for n, r in keys], "N R": [n * r for n, r in keys],
-                "R": [r for _, r in keys]}
-        got = {name: _affine(x, y) for name, x in fits.items()}
+        reached = [t for k in keys for t in rows[k]]
+        got = {name: _median_line(reached, field)
+               for name, field in (("R ln N", "r_log_n"), ("N R", "n_facts"), ("R", "relations"))}
         out += ["", "Least-squares lines through the medians (" + str(len(keys)) + " settings, N = "
                 + ", ".join(str(n) for n in sorted({n for n, _ in keys})) + "): " + "; ".join(
                     f"d* = {a:.3g} {name} {'-' if b < 0 else '+'} {abs(b):.2f} (R^2 {r2:.2f})"

@@ -200,9 +200,9 @@ def run(a, d_star: int, executor=None) -> list[dict]:
 
 
 def collect(out: Path) -> list[dict]:
-    from mechfact.runs import read_json
+    from synthetic.pool_runs import read_summaries
 
-    return [read_json(summ) for summ in sorted(out.glob("N*_R*_A*/*/summary.json"))]
+    return read_summaries(out, "N*_R*_A*/*/summary.json")
 
 
 def median_cell(vals) -> str:

@@ -27,9 +27,9 @@ def test_the_page_computes_its_tables_and_sentences_from_the_runs(tmp_path):
     _write(tmp_path / "facts" / "width_d16", {"thresholds": width})
     # the pool's bijection rows (A = N) and a pool row (A = 16) that section 2 must leave out
     pool = [{"subjects": n, "relations": r, "attributes": a, "embeddings": "trainable", "searched": "d", "seed": s,
-             "threshold": t, "mlp_width": 64} for n, r, a, ts in ((64, 2, 64, (3, 3)), (64, 4, 64, (6, 6)),
-                                                                  (256, 2, 256, (3, 4)), (256, 4, 256, (7, 7)),
-                                                                  (256, 4, 16, (2, 2)))
+             "threshold": t, "mlp_width": 64, "r_log_n": r * math.log(n), "n_facts": n * r}
+            for n, r, a, ts in ((64, 2, 64, (3, 3)), (64, 4, 64, (6, 6)), (256, 2, 256, (3, 4)),
+                                (256, 4, 256, (7, 7)), (256, 4, 16, (2, 2)))
             for s, t in enumerate(ts)]
     _write(tmp_path / "pool" / "capacity" / "pool_N256", {"thresholds": pool})
     (tmp_path / "multihop").mkdir()
