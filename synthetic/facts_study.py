@@ -114,6 +114,17 @@ PARTS: dict[str, list[str]] = {
                                 "attributes", "--grid", "3", "4", "5", "6", "7", "--scan", "ascending", "--steps",
                                 str(steps), *COS, "--seed", "3", "--seeds", "2"]
        for k, steps in (("8k", 8000), ("32k", 32000))},
+    # seeds 3 and 4 at the other 2000-step settings of N <= 1024 (R = 2-16; A = 16, 64 and N), and seed 2 at
+    # N = 1024, A = N (pool_N1024_AN has 2), so that every setting there has 5 seeds
+    **{f"pool_N{N}{tag}": ["capacity", "--subjects", str(N), "--relations", *rs, "--attributes", a, "--outputs",
+                           "attributes", "--grid", *grid, "--steps", "2000", *COS, "--seed", s0, "--seeds", k]
+       for N, tag, rs, a, grid, s0, k in (
+           (256, "_A16_s3", ("2", "4", "8", "16"), "16", POOL_GRID, "3", "2"),
+           (256, "_A64_R2-16_s3", ("2", "16"), "64", POOL_GRID, "3", "2"),
+           (256, "_AN_s3", ("2", "4", "8", "16"), "256", POOL_GRID, "3", "2"),
+           (1024, "_A16_s3", ("2", "4", "8", "16"), "16", POOL_GRID, "3", "2"),
+           (1024, "_A64_R2-4-16_s3", ("2", "4", "16"), "64", POOL_GRID, "3", "2"),
+           (1024, "_AN_s2", ("2", "4", "8", "16"), "1024", (*POOL_GRID, "80", "96", "128"), "2", "3"))},
     # for a GPU or a cluster (the pool page prints each one's cost, scaled from the timed CPU parts): a third seed
     # at N = 4096 (A = 64), the budget ladder at N = 4096 (R = 8, A = 64; ascending scans below the 2000-step d* of
     # 28) and N = 16384 at R = 2, 4

@@ -114,11 +114,11 @@ def bijection_section(recs: list[dict], cons: list[dict]) -> list[str]:
         out.append(f"| {n} | {r} | {r * math.log(n):.1f} | {cell} | {m:g} | {m / (r * math.log(n)):.2f} | "
                    f"{c if c else '—'} | {f'{c / m:.1f}x' if c else '—'} |")
     if len(med) >= 3:
-        from synthetic.results_pool import _median_line
+        from synthetic.results_pool import median_line
 
         keys = sorted(med)
         reached = [t for k in keys for t in rows[k]]
-        got = {name: _median_line(reached, field)
+        got = {name: median_line(reached, field)
                for name, field in (("R ln N", "r_log_n"), ("N R", "n_facts"), ("R", "relations"))}
         out += ["", "Least-squares lines through the medians (" + str(len(keys)) + " settings, N = "
                 + ", ".join(str(n) for n in sorted({n for n, _ in keys})) + "): " + "; ".join(

@@ -75,7 +75,7 @@ def width_table(recs: list[dict], grid_max: int | dict[int, int]) -> str:
                  "n_r_ln_a": t["subjects"] * t["relations"] * np.log(t["attributes"])}
                 for k in reached for t in cells[k][e]]
         for name, xname in (("N R", "n_r"), ("N R ln A", "n_r_ln_a")):
-            slope, icpt, r2 = _median_line(rows, xname)
+            slope, icpt, r2 = median_line(rows, xname)
             ci, distinct = slope_interval(rows, xname)  # seeds resampled within each setting
             band = f" [{ci.low:.3g}, {ci.high:.3g}]" if ci.low is not None else f" (no interval: {distinct} resamples)"
             fits.append(f"| {e} | m* = a {name} + b | {slope:.3g}{band} | {icpt:.1f} | {r2:.2f} | {len(reached)} |")
@@ -107,11 +107,13 @@ def width_table(recs: list[dict], grid_max: int | dict[int, int]) -> str:
     return "\n".join(lines)
 
 
-def _median_line(rows: list[dict], xname: str) -> tuple[float, float, float]:
+def median_line(rows: list[dict], xname: str) -> tuple[float, float, float]:
     """Least-squares line of the per-setting median threshold of ``rows`` against their field ``xname`` (the
     point values whose slope :func:`~mechfact.facts.capacity.slope_interval` bootstraps): (slope, intercept,
     R^2); NaNs when fewer than two x values."""
     import numpy as np
+
+    from mechfact.facts.capacity import line_fit
 
     med: dict[tuple, list] = {}
     for t in rows:
@@ -120,10 +122,8 @@ def _median_line(rows: list[dict], xname: str) -> tuple[float, float, float]:
     y = np.array([np.median([b for _, b in v]) for v in med.values()], dtype=float)
     if len(np.unique(x)) < 2:
         return float("nan"), float("nan"), float("nan")
-    slope, icpt = np.polyfit(x, y, 1)
-    ss = float(np.sum((y - y.mean()) ** 2))
-    r2 = (1 - float(np.sum((y - (slope * x + icpt)) ** 2)) / ss) if ss > 0 else float("nan")
-    return float(slope), float(icpt), r2
+    slope, icpt, r2 = line_fit(x, y)
+    return slope, icpt, float("nan") if r2 is None else r2
 
 
 def dstar_table(summ: dict) -> str:

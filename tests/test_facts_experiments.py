@@ -372,3 +372,13 @@ def test_a_stopped_multihop_run_resumes_its_point_in_training_to_the_same_number
     assert resumed["points"] == full["points"]
     assert (tmp_path / "cut" / "result.json").read_bytes() == (tmp_path / "full" / "result.json").read_bytes()
     assert not list((tmp_path / "cut").glob("checkpoint*"))
+
+
+def test_line_fit_recovers_a_planted_line_and_refuses_an_r2_on_constant_data():
+    from mechfact.facts.capacity import line_fit
+
+    slope, intercept, r2 = line_fit([1, 2, 3, 5], [3.0, 5.0, 7.0, 11.0])
+    assert (slope, intercept, r2) == pytest.approx((2.0, 1.0, 1.0))
+    slope, intercept, r2 = line_fit([1, 2, 3], [1.0, 3.0, 2.0])
+    assert slope == pytest.approx(0.5) and intercept == pytest.approx(1.0) and r2 == pytest.approx(0.25)
+    assert line_fit([1, 2, 3], [4.0, 4.0, 4.0])[2] is None

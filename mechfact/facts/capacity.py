@@ -149,6 +149,16 @@ def capacity_search(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfi
     return rec
 
 
+def line_fit(x, y) -> tuple[float, float, float | None]:
+    """The least-squares line ``y = slope x + intercept`` through the points and its R^2 (None when ``y`` is
+    constant): the line every threshold law on the pages is fitted with."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    slope, intercept = np.polyfit(x, y, 1)
+    ss = float(np.sum((y - y.mean()) ** 2))
+    r2 = float(1 - np.sum((y - (slope * x + intercept)) ** 2) / ss) if ss > 0 else None
+    return float(slope), float(intercept), r2
+
+
 def summarise_thresholds(thresholds: list[dict]) -> dict:
     """Median threshold per (embeddings, A, N, R) and, per regime, a least-squares line against R ln N, N R, and
     (attribute pools) R ln A and R, each slope with a 95% bootstrap interval over seeds (all of a seed's
@@ -176,12 +186,9 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
             x = np.array([t[xname] for t in rows], dtype=float)
             y = np.array([t["median_threshold"] for t in rows], dtype=float)
             if len(np.unique(x)) >= 2:
-                slope, intercept = np.polyfit(x, y, 1)
-                pred = slope * x + intercept
-                ss = float(np.sum((y - y.mean()) ** 2))
+                slope, intercept, r2 = line_fit(x, y)
                 ci, distinct = slope_interval(mine, xname)
-                fit[xname] = {"slope": float(slope), "intercept": float(intercept),
-                              "r2": float(1 - np.sum((y - pred) ** 2) / ss) if ss > 0 else None,
+                fit[xname] = {"slope": slope, "intercept": intercept, "r2": r2,
                               "slope_through_origin": float(x @ y / (x @ x)), "n_points": int(len(x)),
                               "slope_ci": ci.to_dict()["ci"], "n_seeds": len({t["seed"] for t in mine}),
                               "resamples_distinct": distinct}
