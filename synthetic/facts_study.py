@@ -18,7 +18,6 @@ from pathlib import Path
 
 GRID = "3 4 5 6 7 8 10 12 14 16 20 24 28 32 40 48 64".split()
 POOL_GRID = ["1", "2", *GRID]  # a pool of A attributes holds R log A bits per subject: thresholds can sit below 3
-WIDTH_GRID = [str(2**i) for i in range(1, 12)]  # 2 .. 2048
 COS = ["--lr", "3e-2", "--schedule", "warmup-cosine", "--patience", "0"]
 MINIBATCH = ["--batch-size", "256", "--lr", "3e-3", "--schedule", "constant", "--eval-every", "100"]  # multihop_N1024_b256
 CONST = ["--lr", "1e-2", "--patience", "0"]
@@ -148,22 +147,25 @@ PARTS: dict[str, list[str]] = {
     # the facts; frozen-input: the subjects' input embeddings fixed, the A-way unembedding and the MLP learn (with
     # A outputs the unembedding has no per-subject column to store a fact in); frozen: both fixed. Every width in
     # ascending order until one reaches: at Adam 3e-2 a wider MLP can spike and fail where a narrower one reaches
-    # (N = 1024, R = 4, A = 16, frozen-input, seed 0: 256 reaches, 1024 does not), which a bisection reads as m* > 1024
-    **{f"pool_N{N}_width": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16",
-                            "64", "256", "--outputs", "attributes", "--embeddings", "trainable", "frozen-input",
-                            "frozen", "--search", "mlp-width", "--scan", "ascending", "--d", "16", "--grid", *WIDTH_GRID,
-                            "--steps", "2000", *COS, "--seeds", "2"] for N in (256,)},
-    # the same at N = 1024 and 4096 (grids to 2^13 and 2^15: m* grows with N R), split by R so that a part fits
-    # one run here: R = 2 and R = 4 at N = 1024 do; the rest is for a cluster or a GPU (the pool page estimates
-    # their cost from the finished width parts)
+    # (N = 1024, R = 4, A = 16, frozen-input, seed 0: 256 reaches, 1024 does not), which a bisection reads as
+    # m* > 1024. N = 256 on a grid to 2^11; N = 1024 and 4096 on grids to 2^13 and 2^15 (m* grows with N R), split
+    # by R so that a part fits one run here: R = 2 and R = 4 at N = 1024 do; the rest is for a cluster or a GPU
+    # (the pool page estimates their cost from the finished width parts); `_s2`: a third seed (seed 2) of the parts
+    # that ran here
     **{name: [
         "capacity", "--subjects", str(N), "--relations", *rs, "--attributes", "16", "64", "256", "--outputs",
         "attributes", "--embeddings", "trainable", "frozen-input", "frozen", "--search", "mlp-width", "--scan",
         "ascending", "--d", "16", "--grid", *(str(2**i) for i in range(1, top + 1)), "--steps", "2000", *COS,
-        "--seeds", "2"]
-       for name, N, top, rs in (("pool_N1024_R2_width", 1024, 13, ["2"]), ("pool_N1024_R4_width", 1024, 13, ["4"]),
-                                ("pool_N1024_R8-16_width", 1024, 13, ["8", "16"]),
-                                ("pool_N4096_width", 4096, 15, ["2", "4", "8", "16"]))},
+        *seeds]
+       for name, N, top, rs, seeds in (
+           ("pool_N256_width", 256, 11, ["2", "4", "8", "16"], ["--seeds", "2"]),
+           ("pool_N1024_R2_width", 1024, 13, ["2"], ["--seeds", "2"]),
+           ("pool_N1024_R4_width", 1024, 13, ["4"], ["--seeds", "2"]),
+           ("pool_N1024_R8-16_width", 1024, 13, ["8", "16"], ["--seeds", "2"]),
+           ("pool_N4096_width", 4096, 15, ["2", "4", "8", "16"], ["--seeds", "2"]),
+           ("pool_N256_s2_width", 256, 11, ["2", "4", "8", "16"], ["--seed", "2", "--seeds", "1"]),
+           ("pool_N1024_R2_s2_width", 1024, 13, ["2"], ["--seed", "2", "--seeds", "1"]),
+           ("pool_N1024_R4_s2_width", 1024, 13, ["4"], ["--seed", "2", "--seeds", "1"]))},
     # multi-hop, direct vs chain of thought (defaults: N=32, R=4, d=16, width 32, learned attention)
     **{f"multihop_seed{s}": ["multihop", "--seed", str(s)] for s in range(3)},
     # multi-hop as d grows, k = 1..4, R = 4: N = 64 here (N R^4 = 16,384 direct chains), N = 1024 (262,144) for a
