@@ -133,17 +133,20 @@ def _estimate(src: Path) -> str:
                "--ray-address HEAD:6379`")
         if p in done:
             continue
-        same = [q for q in done if kind(q)[0] == kind(p)[0] and on_cpu(done[q])]
+        # an A = N part from an A = N part, scaled by N^2 (its A-way output layer grows with N too: pool_N4096_AN
+        # scaled from pool_N4096_A64 by N alone was a 1.5 h estimate for about 12 h of work)
+        bij = "_AN" in p
+        same = [q for q in done if kind(q)[0] == kind(p)[0] and on_cpu(done[q]) and ("_AN" in q) == bij]
         cost = ""
         if p.endswith("_width"):
             cost = _width_cost(p, src, [q for q in done if q.endswith("_width")])
         elif same:
             base = max(same, key=lambda q: (kind(q)[1], size(q)))
             n0, n1 = kind(base)[1], kind(p)[1]
-            hours = done[base]["wall_time_s"] * (n1 / n0) * (size(p) / size(base)) / 3600
+            hours = done[base]["wall_time_s"] * (n1 / n0) ** (2 if bij else 1) * (size(p) / size(base)) / 3600
             cost = (f"about {hours:.1f} CPU hours on one thread in all ({base} took "
-                    f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by N, the relations' sum, the pools and the "
-                    "seeds; more where d* grows faster than ln N)")
+                    f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by {'N^2 (A = N)' if bij else 'N'}, the "
+                    "relations' sum, the pools and the seeds; more where d* grows faster than ln N)")
         # a part of one pool at the same N (pool_N4096_A64 beside pool_N4096) holds some of this part's settings
         alone = [f"A = {q.rsplit('_A', 1)[1]} is {q} ({'finished' if q in done else 'unfinished'})" for q in pools
                  if re.fullmatch(rf"{re.escape(p)}_A\d+", q)]

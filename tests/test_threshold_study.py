@@ -152,6 +152,13 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
     # pool_N256's R = 2-16, A = 16, 64, 256: 64x the subjects, 6 / 30 of the relations, 2 / 3 of the pools
     assert f"- `pool_N16384_R2-4`: about {1800 * 64 * (6 / 30) * (2 / 3) * (3 / s256) / 3600:.1f} CPU hours" in page
     assert "`pool_N256_width`" not in page.split("## Not run here")[1]
+    # an A = N part scales from a finished A = N part by N^2 (its A-way output layer grows with N as well), never
+    # from a part of small pools: pool_N4096_AN (3 seeds) from pool_N1024_AN (2 seeds, the same relations)
+    assert "- `pool_N4096_AN`: `python -m" in page
+    (src / "capacity" / "pool_N1024_AN").mkdir()
+    (src / "capacity" / "pool_N1024_AN" / "meta.json").write_text(json.dumps({"wall_time_s": 600.0}))
+    assert (f"- `pool_N4096_AN`: about {600 * 16 * 3 / 2 / 3600:.1f} CPU hours on one thread in all (pool_N1024_AN "
+            "took 10 min, scaled by N^2 (A = N)") in PE._estimate(src)
 
 
 def test_a_setting_in_two_pool_parts_is_read_once_preferring_the_one_that_reached(tmp_path):
