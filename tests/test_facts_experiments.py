@@ -382,3 +382,13 @@ def test_line_fit_recovers_a_planted_line_and_refuses_an_r2_on_constant_data():
     slope, intercept, r2 = line_fit([1, 2, 3], [1.0, 3.0, 2.0])
     assert slope == pytest.approx(0.5) and intercept == pytest.approx(1.0) and r2 == pytest.approx(0.25)
     assert line_fit([1, 2, 3], [4.0, 4.0, 4.0])[2] is None
+
+
+def test_the_threshold_summary_lists_each_settings_thresholds_in_seed_order_whatever_the_record_order():
+    """Parts that add seeds 3 and 4 are read before the part of seeds 0-2: the table's per-seed list is by seed."""
+    from mechfact.facts.capacity import summarise_thresholds
+
+    base = {"embeddings": "trainable", "subjects": 256, "relations": 2, "attributes": 16}
+    recs = [{**base, "seed": s, "threshold": t} for s, t in ((3, 3), (4, 2), (0, 2), (1, 3), (2, 3))]
+    (row,) = summarise_thresholds(recs)["table"]
+    assert row["thresholds"] == [2, 3, 3, 3, 2] and row["median_threshold"] == 3

@@ -170,7 +170,7 @@ def summarise_thresholds(thresholds: list[dict]) -> dict:
         groups.setdefault(key, []).append(t)
     table = []
     for (emb, A, N, R), ts in sorted(groups.items()):
-        vals = [t["threshold"] for t in ts]
+        vals = [t["threshold"] for t in sorted(ts, key=lambda t: t.get("seed", 0))]  # in seed order
         got = [v for v in vals if v is not None]
         table.append({"embeddings": emb, "subjects": N, "relations": R, "n_facts": N * R, "r_log_n": R * math.log(N),
                       "attributes": A, "r_log_a": R * math.log(A),
@@ -203,7 +203,8 @@ def power_law_fit(thresholds: list[dict]) -> dict:
     """d* = C R^a N^b A^c: least squares of ln(median threshold) on ln R, ln N, ln A over the settings whose every
     seed reached above the grid's smallest value (a bound is not a value), each exponent with a 95% bootstrap
     interval that resamples the seeds of each setting independently (:func:`mechfact.stats.stratified_bootstrap`;
-    ``resamples_distinct`` counts that scheme's distinct resamples; too few: no interval). A factor that takes one value is left out.
+    ``resamples_distinct`` counts that scheme's distinct resamples; too few: no interval). A factor that takes one
+    value is left out.
     Theta(R ln N) predicts a = 1, c = 0 and b = the local slope of ln ln N (about 1 / ln N); N R predicts b = 1.
     Returns ``{"exponents": {"R": {"value", "ci"}, ...}, "r2", "n_points"}`` (empty without two settings)."""
     from ..stats import stratified_bootstrap
