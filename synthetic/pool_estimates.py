@@ -144,7 +144,8 @@ def _estimate(src: Path) -> str:
             base = max(same, key=lambda q: (kind(q)[1], size(q)))
             n0, n1 = kind(base)[1], kind(p)[1]
             hours = done[base]["wall_time_s"] * (n1 / n0) ** (2 if bij else 1) * (size(p) / size(base)) / 3600
-            cost = (f"about {hours:.1f} CPU hours on one thread in all ({base} took "
+            spent = f"{hours:.1f} CPU hours" if hours >= 0.1 else f"{hours * 60:.0f} CPU minutes"
+            cost = (f"about {spent} on one thread in all ({base} took "
                     f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by {'N^2 (A = N)' if bij else 'N'}, the "
                     "relations' sum, the pools and the seeds; more where d* grows faster than ln N)")
         # a part of one pool at the same N (pool_N4096_A64 beside pool_N4096) holds some of this part's settings
