@@ -276,6 +276,11 @@ def trial_difference(hits_a: np.ndarray, hits_b: np.ndarray, counts: np.ndarray,
             "p_value": p.reshape(lead), "verdict": verdict.reshape(lead)}
 
 
+def format_p(p: float | None) -> str:
+    """A p-value for a page: three decimals, ``< 0.001`` below that (never a printed 0.000), a dash for None."""
+    return "—" if p is None else f"{p:.3f}" if p >= 0.001 else "< 0.001"
+
+
 def permutation_pvalue(observed: float, null: Sequence[float] | np.ndarray, alternative: str = "greater") -> float:
     """p-value of ``observed`` against null draws: ``(1 + #{null at least as extreme}) / (1 + n_null)``.
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from mechfact.llm.lre import protocol_authors as lre_authors
+from mechfact.stats import format_p as _p
 from probes.families import COLORS, LRE_LAYER, MODELS, PARTS, PUBLISHED, TRIALS24, _read
 
 
@@ -124,10 +125,6 @@ def lre_table(out: Path, part: str | None = None) -> str:
                     f"{_p(r['p_holm'])}; partial rho (objects) "
                     + ("—" if r["partial_rho"] is None else f"{r['partial_rho']:.2f}, p {_p(r['partial_p'])}"))
     return "\n".join(rows)
-
-
-def _p(p) -> str:
-    return "—" if p is None else f"{p:.3f}" if p >= 0.001 else "< 0.001"  # never a printed 0.000
 
 
 def spearman_family(out: Path) -> list[dict]:

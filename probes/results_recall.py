@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from mechfact.stats import format_p
 from probes.results_trace import MODELS, RELATIONS, _installed, _read
 
 EXPERIMENTS = ("knockout", "attribute_rate", "extraction", "transfer", "selectivity", "atp")
@@ -166,7 +167,7 @@ def _transfer_rows(r):
         fixed = (f"{_pct(fx['accuracy'], fx['accuracy_ci'])} at {_layer(fx['layer'], L)} | "
                  f"{_pct(fx['control'], fx['control_ci'])} | {100 * d['diff']:+.1f} pp"
                  + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci[0] is not None else "")
-                 + f", p {d['p_value']:.3f} | " + {"above": "transfers", "below": "below its control",
+                 + f", p {format_p(d['p_value'])} | " + {"above": "transfers", "below": "below its control",
                                                    "undecided": "undecided"}[d["verdict"]] + " |")
     else:
         fixed = "— | — | — | — |"

@@ -78,3 +78,9 @@ def test_m_star_laws_are_compared_on_held_out_settings_and_the_planted_bits_law_
     assert "leave-one-setting-out" in page and "it beats N R" in page
     with pytest.raises(ValueError, match="hold_out 'seed': allowed values are 'n', 'setting'"):
         compare_laws(rows, hold_out="seed")
+
+
+def test_a_p_value_below_the_tests_resolution_is_never_printed_as_zero():
+    from mechfact.stats import format_p
+
+    assert [format_p(p) for p in (0.4583, 0.0012, 0.0004, None)] == ["0.458", "0.001", "< 0.001", "—"]
