@@ -392,3 +392,41 @@ def test_the_threshold_summary_lists_each_settings_thresholds_in_seed_order_what
     recs = [{**base, "seed": s, "threshold": t} for s, t in ((3, 3), (4, 2), (0, 2), (1, 3), (2, 3))]
     (row,) = summarise_thresholds(recs)["table"]
     assert row["thresholds"] == [2, 3, 3, 3, 2] and row["median_threshold"] == 3
+
+
+def test_an_ascending_scan_reuses_a_bisections_evaluations_and_refuses_runs_that_trained_otherwise(
+        tmp_path, monkeypatch):
+    """Reaching at d = 16, 32, 64 only: a bisection evaluates 8, 32, 16 and says 16; an ascending scan given that
+    run's folder trains 2 and 4 alone (8 and 16 are the bisection's) and says 16. A folder whose training or
+    device differ is refused, naming what differs, before anything is written; another setting's evaluations are
+    not copied."""
+    from mechfact.facts import capacity as C
+
+    reach = {2: 0.4, 4: 0.4, 8: 0.4, 16: 0.995, 32: 0.999, 64: 1.0}
+    trained = []
+    monkeypatch.setattr(C, "build_fact_model", lambda world, d, m, **kw: d)
+    monkeypatch.setattr(C, "train", lambda d, world, cfg, **kw: trained.append(d) or {
+        "accuracy": reach[d], "steps": cfg.steps, "stopped": "budget"})
+
+    def cfg(scan, steps=10):
+        return ex.FactsCapacityConfig(subjects=[32], relations=[2], grid=sorted(reach), scan=scan,
+                                      train=TrainConfig(steps=steps))
+
+    bis = ex.run_facts_capacity(cfg("bisect"), tmp_path / "bis", device=CPU)["thresholds"][0]
+    assert (bis["threshold"], trained) == (16, [8, 32, 16])
+    src = json.loads((tmp_path / "bis" / "result.json").read_text())
+    src["evaluations"]["N=32 R=4 emb=trainable d=2 m=64 seed=0"] = {"accuracy": 1.0, "steps": 1, "stopped": "x"}
+    (tmp_path / "bis" / "result.json").write_text(json.dumps(src))
+    trained.clear()
+    res = ex.run_facts_capacity(cfg("ascending"), tmp_path / "asc", device=CPU, reuse=[tmp_path / "bis"])
+    assert (res["thresholds"][0]["threshold"], res["thresholds"][0]["scan"], trained) == (16, "ascending", [2, 4])
+    assert not any(k.startswith("N=32 R=4 ") for k in res["evaluations"])
+    with pytest.raises(ValueError, match=r"--reuse-evaluations .*bis: its train differ"):
+        ex.run_facts_capacity(cfg("ascending", steps=20), tmp_path / "asc20", device=CPU, reuse=[tmp_path / "bis"])
+    assert not (tmp_path / "asc20").exists()
+    meta = json.loads((tmp_path / "bis" / "meta.json").read_text())
+    (tmp_path / "bis" / "meta.json").write_text(json.dumps({**meta, "device": "cuda:0"}))
+    with pytest.raises(ValueError, match=r"its device \(cuda:0, this run cpu\) differ"):
+        ex.run_facts_capacity(cfg("ascending"), tmp_path / "asc2", device=CPU, reuse=[tmp_path / "bis"])
+    with pytest.raises(ValueError, match="no facts capacity run there"):
+        ex.run_facts_capacity(cfg("ascending"), tmp_path / "asc3", device=CPU, reuse=[tmp_path / "nothing"])

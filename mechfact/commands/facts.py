@@ -113,6 +113,9 @@ def register(sub) -> dict:
     p.add_argument("--attributes", type=int, nargs="+", default=None, metavar="A",
                    help="attribute-pool sizes: every relation maps the subjects into a pool of A attributes "
                         "(default: none, each relation a bijection)")
+    p.add_argument("--reuse-evaluations", nargs="+", default=None, metavar="DIR",
+                   help="capacity run folders with the same training, model and target: their evaluations are "
+                        "taken where this run has none (e.g. an ascending scan over a bisection's runs)")
     _model_args(p)
     _optim_args(p, steps=4000, patience=1500)
     common_args(p)
@@ -165,7 +168,8 @@ def _run(a) -> None:
                                      model=_spec(a), train=_train_cfg(a, 0.99), attributes=a.attributes,
                                      **({"grid": a.grid} if a.grid else {}))
         with make_executor_from(a, "facts capacity") as executor:
-            res = ex.run_facts_capacity(cfg, a.out, device=dev, seed=seed, executor=executor)
+            res = ex.run_facts_capacity(cfg, a.out, device=dev, seed=seed, executor=executor,
+                                        reuse=a.reuse_evaluations)
         for t in res["thresholds"]:
             pool = f" A={t['attributes']}" if t.get("attributes", t["subjects"]) != t["subjects"] else ""
             print(f"{t['embeddings']:>12}{pool} N={t['subjects']} R={t['relations']} seed={t['seed']}: "

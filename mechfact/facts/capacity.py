@@ -279,13 +279,51 @@ def _search_job(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, d
                     "record", on_eval)
 
 
+def reusable_evaluations(cfg: FactsCapacityConfig, folders, device: str = "cpu") -> dict[str, dict]:
+    """The memoised evaluations of other ``facts capacity`` run folders that mean what this run's would: the same
+    training, model and target accuracy, on the same kind of device (an evaluation is keyed by N, R, A, embeddings,
+    d, MLP width and seed, so the scan, grid and settings may differ: an ascending scan retrains only the grid
+    values a bisection skipped). A folder that is not such a run, or that differs in one of those, is refused
+    with what differs."""
+    from ..runs import read_json
+
+    got: dict[str, dict] = {}
+    for folder in map(Path, folders):
+        if not (folder / "config.json").is_file() or not (folder / "result.json").is_file():
+            raise ValueError(f"--reuse-evaluations {folder}: no facts capacity run there (config.json and "
+                             "result.json)")
+        old = read_json(folder / "config.json")
+        if old.get("kind") != "facts.capacity":
+            raise ValueError(f"--reuse-evaluations {folder}: a {old.get('kind')!r} run, not facts.capacity")
+        theirs = FactsCapacityConfig.from_dict(old["config"])
+        differ = [k for k in ("train", "model", "target_accuracy") if getattr(theirs, k) != getattr(cfg, k)]
+        meta = read_json(folder / "meta.json") if (folder / "meta.json").is_file() else {}
+        where = str(meta.get("device", "cpu"))  # an unfinished run (no meta.json yet) or an old one: made on a CPU
+        if where.split(":")[0] != str(device).split(":")[0]:
+            differ.append(f"device ({where}, this run {device})")
+        if differ:
+            raise ValueError(f"--reuse-evaluations {folder}: its {', '.join(differ)} differ from this run's, so its "
+                             "evaluations measure something else; allowed: runs that differ only in scan, grid, "
+                             "settings and seeds")
+        for key, ev in read_json(folder / "result.json").get("evaluations", {}).items():
+            got.setdefault(key, ev)
+    return got
+
+
 def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: torch.device, seed: int = 0,
-                       executor: Executor | None = None) -> dict:
-    """``mechfact facts capacity``: thresholds per (N, R, embeddings, seed), written as they finish."""
+                       executor: Executor | None = None, reuse: list | None = None) -> dict:
+    """``mechfact facts capacity``: thresholds per (N, R, embeddings, seed), written as they finish. ``reuse``:
+    run folders whose evaluations (:func:`reusable_evaluations`) are taken as this run's where it has none."""
     cfg.check_cost()  # before the run directory: a refused run writes nothing
+    borrowed = reusable_evaluations(cfg, reuse or [], str(device))
     run = RunDir(out, cfg, kind="facts.capacity", seed=seed, device=str(device))
     result = run.read_result({"thresholds": [], "evaluations": {}})
     memo = result.setdefault("evaluations", {})
+    mine = tuple(_setting(N, R, emb, A) for emb in cfg.embeddings for A in cfg.attributes or [None]
+                 for N in cfg.subjects for R in cfg.relations)
+    for key, ev in borrowed.items():  # of this run's settings only
+        if key.startswith(mine):
+            memo.setdefault(key, ev)
     # a threshold found by another scan is searched again (from the memoised evaluations): a record without one
     # is a bisection's, from before the option
     result["thresholds"] = [t for t in result["thresholds"] if t.get("scan", "bisect") == cfg.scan]
