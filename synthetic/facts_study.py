@@ -124,6 +124,15 @@ PARTS: dict[str, list[str]] = {
            (1024, "_A16_s3", ("2", "4", "8", "16"), "16", POOL_GRID, "3", "2"),
            (1024, "_A64_R2-4-16_s3", ("2", "4", "16"), "64", POOL_GRID, "3", "2"),
            (1024, "_AN_s2", ("2", "4", "8", "16"), "1024", (*POOL_GRID, "80", "96", "128"), "2", "3"))},
+    # the 2000-step d* of every setting and seed of N = 256 and 1024 (A = 16, 64, N) again with an ascending scan
+    # (the smallest d that reaches, whatever wider models do), over the bisection parts' shipped evaluations: only
+    # the grid values a bisection skipped are trained
+    **{f"pool_N{N}_asc": ["capacity", "--subjects", str(N), "--relations", "2", "4", "8", "16", "--attributes", "16",
+                          "64", str(N), "--outputs", "attributes", "--grid", *POOL_GRID, "--scan", "ascending",
+                          "--steps", "2000", *COS, "--seeds", "5", "--reuse-evaluations",
+                          *(f"docs/runs/pool/capacity/pool_N{N}{p}" for p in parts)]
+       for N, parts in ((256, ("", "_s3", "_A16_s3", "_A64_R2-16_s3", "_AN_s3")),
+                        (1024, ("", "_s3", "_A16_s3", "_A64_R2-4-16_s3", "_AN", "_AN_s2")))},
     # for a GPU or a cluster (the pool page prints each one's cost, scaled from the timed CPU parts): a third seed
     # at N = 4096 (A = 64), the budget ladder at N = 4096 (R = 8, A = 64; ascending scans below the 2000-step d* of
     # 28) and N = 16384 at R = 2, 4

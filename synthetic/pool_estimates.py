@@ -140,6 +140,8 @@ def _estimate(src: Path) -> str:
         cost = ""
         if p.endswith("_width"):
             cost = _width_cost(p, src, [q for q in done if q.endswith("_width")])
+        elif p.endswith("_asc"):
+            cost = _ascending_cost(p, src, done)
         elif same:
             base = max(same, key=lambda q: (kind(q)[1], size(q)))
             n0, n1 = kind(base)[1], kind(p)[1]
@@ -165,6 +167,43 @@ def _estimate(src: Path) -> str:
         else:
             lines.append(f"- `{p}`: {cmd} (or `--device cuda`).")
     return "\n".join(lines) if lines else "Every pool part has run."
+
+
+def _ascending_cost(part: str, src: Path, done: dict) -> str:
+    """An ascending re-scan's CPU hours on one thread: every grid value below a setting's first reaching one that
+    the reused runs (read from ``src/capacity``) lack, each taken to fail and so to run its full budget (an upper
+    bound), at the wall time per relation-evaluation of the finished 2000-step part of its N."""
+    import re
+
+    from mechfact.commands.facts import capacity_config
+    from mechfact.facts.capacity import _eval_key, reusable_evaluations
+    from mechfact.runs import read_json
+    from synthetic.facts_study import part_command
+
+    a = part_command(part)
+    cfg = capacity_config(a)
+    try:
+        memo = reusable_evaluations(cfg, [src / "capacity" / Path(d).name for d in a.reuse_evaluations or []
+                                          if (src / "capacity" / Path(d).name / "result.json").is_file()])
+    except ValueError:  # a folder the re-scan would refuse: no estimate (the run itself says why)
+        return ""
+    todo = 0
+    for n in cfg.subjects:
+        for A in cfg.attributes or [None]:
+            for r in cfg.relations:
+                for s in range(a.seed, a.seed + cfg.seeds):
+                    for d in sorted(cfg.grid):
+                        ev = memo.get(_eval_key(n, r, "trainable", d, cfg.mlp_width, s, A))
+                        if ev is not None and ev["accuracy"] >= cfg.target_accuracy:
+                            break
+                        todo += r if ev is None else 0
+    base = f"pool_N{cfg.subjects[0]}"
+    if base not in done or not todo:
+        return ""
+    evs = read_json(src / "capacity" / base / "result.json")["evaluations"]
+    per = done[base]["wall_time_s"] / sum(int(re.search(r"R=(\d+)", k).group(1)) for k in evs)
+    return (f"at most {todo * per / 3600:.1f} CPU hours on one thread ({todo} relation-evaluations to train, at "
+            f"the {per:.1f} s each of {base})")
 
 
 def _width_cost(part: str, src: Path, finished: list[str]) -> str:

@@ -212,6 +212,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         + (f"With one N ({ns[0]}), R ln N and N R are proportional to R, so those three fits coincide; the "
            "N = 1024 and 4096 parts decide the ln N dependence." if len(ns) == 1 else ""), "",
         "![d* in pool worlds](img/dstar_pool.png)", "",
+        *_scan_section(src, recs),
         *_budget_section(src, recs),
         *laws_section(recs, "2000-step"),
         *_width_section(src),
@@ -282,6 +283,39 @@ def _power_line(recs: list[dict]) -> list[str]:
         text += (f" and {local:.2f} on N between N = {ns[0]} and {ns[-1]} (the slope of ln ln N); d* proportional to "
                  "the facts N R predicts 1 on N")
     return [text + ".", ""]
+
+
+def _scan_section(src: Path, base: list[dict]) -> list[str]:
+    """Section 1: the 2000-step bisection thresholds beside an ascending scan of the same worlds and seeds (the
+    ``pool_N*_asc`` parts, run over the bisection's evaluations): how many agree, per N, and each that does not
+    (nothing without those parts)."""
+    asc, names = pool_thresholds(src, "d", "_asc")
+    if not asc:
+        return []
+
+    def key(t: dict) -> tuple:
+        return t["subjects"], t["relations"], t["attributes"], t["seed"]
+
+    bis = {key(t): t for t in base}
+    pairs = sorted(((bis[key(t)], t) for t in asc if key(t) in bis), key=lambda p: key(p[0]))
+    per_n = {}
+    for b, a in pairs:
+        per_n.setdefault(b["subjects"], []).append(b["threshold"] == a["threshold"])
+    lines = ["### Bisection against an ascending scan", "",
+             f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(names)}`: the same worlds and "
+             "seeds at 2000 steps, every grid value in ascending order until one reaches (the smallest d that "
+             "reaches, whatever wider models do), reusing the bisection's evaluations (`--reuse-evaluations`). A "
+             "bisection assumes that every width above one that reaches also reaches; where reaching is not "
+             "monotone in d it reports a larger d*.", "",
+             f"{sum(sum(v) for v in per_n.values())} of {len(pairs)} thresholds agree ("
+             + "; ".join(f"N = {n}: {sum(v)} of {len(v)}" for n, v in sorted(per_n.items())) + ")."]
+    differ = [(b, a) for b, a in pairs if b["threshold"] != a["threshold"]]
+    if differ:
+        lines += ["", "| N | R | A | seed | d* by bisection | d* by ascending scan |", "|---|---|---|---|---|---|"]
+        lines += [f"| {b['subjects']} | {b['relations']} | {b['attributes']} | {b['seed']} | "
+                  + " | ".join("never" if t["threshold"] is None else str(t["threshold"]) for t in (b, a)) + " |"
+                  for b, a in differ]
+    return lines + [""]
 
 
 BUDGETS = ("_8k", "_32k", "_128k")

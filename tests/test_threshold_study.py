@@ -421,3 +421,37 @@ def test_the_mechanism_is_a_curve_over_width_not_a_cutoff():
     ce = re.search(r"cross-entropy, zero-shot: rho ([+-][\d.]+) .*?Holm ([\d.e-]+)\)", text)
     assert abs(float(ce.group(1))) < 0.4 and float(ce.group(2)) > 0.05
     assert PM.mechanism_section([]) == []
+
+
+def test_the_ascending_rescan_is_compared_threshold_by_threshold_and_costed_from_what_it_must_train(tmp_path):
+    """The pool page sets each bisection threshold beside the ascending scan's of the same world and seed (k of n
+    agree, per N, and a row for each that does not); before the re-scan runs, its cost counts the grid values
+    below each first reaching one that the reused runs lack, at the bisection part's time per relation-evaluation."""
+    from mechfact.commands.facts import capacity_config
+    from mechfact.facts.capacity import _eval_key
+    from synthetic.facts_study import part_command
+
+    src = tmp_path / "src"
+    a = part_command("pool_N256")
+    base = src / "capacity" / "pool_N256"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text(json.dumps({"kind": "facts.capacity", "config": capacity_config(a).to_dict(),
+                                                  "seed": 0}))
+    evs = {_eval_key(256, r, "trainable", 3, 64, s, A): {"accuracy": 1.0, "steps": 500, "stopped": "target"}
+           for A in (16, 64, 256) for r in (2, 4, 8, 16) for s in range(5)}
+    (base / "result.json").write_text(json.dumps({"thresholds": [], "evaluations": evs}))
+    (base / "meta.json").write_text(json.dumps({"wall_time_s": 1800.0, "device": "cpu"}))
+    # d = 1 and 2 untried in every (A, R, seed): 2 x (2 + 4 + 8 + 16) x 3 pools x 5 seeds = 900 relation-evaluations,
+    # at 1800 s over the 450 relation-evaluations of pool_N256 = 4 s each
+    assert "- `pool_N256_asc`: at most 1.0 CPU hours on one thread (900 relation-evaluations to train, at the 4.0 s " \
+           "each of pool_N256)" in PE._estimate(src)
+    rec = {"subjects": 256, "attributes": 16, "embeddings": "trainable", "searched": "d", "mlp_width": 64}
+    bis = [{**rec, "relations": r, "seed": s, "threshold": t} for r, s, t in ((2, 0, 3), (2, 1, 3), (4, 0, 8))]
+    asc = src / "capacity" / "pool_N256_asc"
+    asc.mkdir()
+    (asc / "result.json").write_text(json.dumps({"thresholds": [{**bis[0]}, {**bis[1]}, {**bis[2], "threshold": 5},
+                                                               {**rec, "relations": 8, "seed": 0, "threshold": 9}]}))
+    text = "\n".join(P._scan_section(src, bis))
+    assert "2 of 3 thresholds agree (N = 256: 2 of 3)." in text
+    assert "| 256 | 4 | 16 | 0 | 8 | 5 |" in text and "| 256 | 2 | 16 |" not in text
+    assert P._scan_section(tmp_path / "empty", bis) == []

@@ -146,6 +146,16 @@ def _spec(a, embeddings: str = "trainable"):
                      entity_init=a.entity_init, entity_init_scale=a.entity_init_scale, outputs=a.outputs)
 
 
+def capacity_config(a):
+    """The :class:`~mechfact.facts.experiments.FactsCapacityConfig` of parsed ``facts capacity`` arguments."""
+    from ..facts import experiments as ex
+
+    return ex.FactsCapacityConfig(subjects=a.subjects, relations=a.relations, embeddings=a.embeddings,
+                                  search=a.search, scan=a.scan, d=a.d, mlp_width=a.mlp_width, seeds=a.seeds,
+                                  model=_spec(a), train=_train_cfg(a, 0.99), attributes=a.attributes,
+                                  **({"grid": a.grid} if a.grid else {}))
+
+
 def _run(a) -> None:
     from ..facts import experiments as ex
 
@@ -163,10 +173,7 @@ def _run(a) -> None:
         res = ex.run_construct(cfg, a.out, device=dev, seed=seed)
         print(f"construction d={res['d']} (block size {res['block_size']}): accuracy {res['accuracy']:.4f}")
     elif a.facts_cmd == "capacity":
-        cfg = ex.FactsCapacityConfig(subjects=a.subjects, relations=a.relations, embeddings=a.embeddings,
-                                     search=a.search, scan=a.scan, d=a.d, mlp_width=a.mlp_width, seeds=a.seeds,
-                                     model=_spec(a), train=_train_cfg(a, 0.99), attributes=a.attributes,
-                                     **({"grid": a.grid} if a.grid else {}))
+        cfg = capacity_config(a)
         with make_executor_from(a, "facts capacity") as executor:
             res = ex.run_facts_capacity(cfg, a.out, device=dev, seed=seed, executor=executor,
                                         reuse=a.reuse_evaluations)
