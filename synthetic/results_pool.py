@@ -82,11 +82,16 @@ def width_table(recs: list[dict], grid_max: int | dict[int, int]) -> str:
     if fits:
         lines += ["", "| regime | fit of the median m* (settings that reached) | slope [95%, seeds resampled within "
                   "each setting] | intercept | R^2 | points |", "|---|---|---|---|---|---|", *fits]
-        n_seeds = len({t["seed"] for t in recs})
-        lines += ["", f"The interval resamples the {n_seeds} seeds of each setting independently (a seed is a new world "
-                  "and initialisation); with k seeds a setting has C(2k - 1, k) resamples (3 for two seeds), the "
-                  f"fit their product over settings; below {MIN_DISTINCT} distinct resamples no interval is given. "
-                  "With two seeds per setting it says how far the seeds agree, not the spread over worlds."]
+        per: dict[tuple, set] = {}
+        for t in recs:
+            per.setdefault((t["subjects"], t["relations"], t["attributes"], t["embeddings"]), set()).add(t["seed"])
+        lo, hi = min(map(len, per.values())), max(map(len, per.values()))
+        k = str(lo) if lo == hi else f"{lo}-{hi}"
+        lines += ["", f"The interval resamples the {k} seeds of each setting independently (a seed is a new world "
+                  "and initialisation); with k seeds a setting has C(2k - 1, k) resamples (3 for two seeds, 10 for "
+                  f"three), the fit their product over settings; below {MIN_DISTINCT} distinct resamples no interval "
+                  f"is given. With {k} seeds per setting it says how far the seeds agree, not yet the spread over "
+                  "worlds."]
     # the same number of facts in worlds of different N (N = 256, R = 8 beside N = 1024, R = 2): does m* follow N R?
     same = {}
     for (n, a, r), c in cells.items():

@@ -400,7 +400,7 @@ def test_the_width_table_sets_the_same_number_of_facts_side_by_side_across_n():
     assert "| 2048 | 16 | frozen | N = 256, R = 8: 384; N = 1024, R = 2: 256 |" in text
     assert "| 4096 | 16 | frozen | N = 256, R = 16: 1024; N = 1024, R = 4: — |" in text
     assert "| 1024 | 4 | 16 | 4096 | > 8192 (—) |" in text and "| 2048 | 256 |" not in text
-    assert "resamples the 2 seeds of each setting independently" in text  # the interval's scheme and caveat
+    assert "resamples the 1-2 seeds of each setting independently" in text  # the scheme, its range of seeds
     assert "below 100 distinct resamples no interval is given" in text
 
 
