@@ -175,7 +175,8 @@ def _table(c: dict) -> list[str]:
     best = c["best"]
     beats = [law for law, v in c["best_vs"].items() if v["beaten"]]
     ties = [law for law in c["best_vs"] if law not in beats]
-    detail = "; ".join(f"{law} {v['diff']:+.3f} (Holm p {stats.format_p(v['p_holm'])})" for law, v in c["best_vs"].items())
+    detail = "; ".join(f"{law} {v['diff']:+.3f} (Holm p {stats.format_p(v['p_holm'])})"
+                       for law, v in c["best_vs"].items())
     verdict = (f"Held out, **{best}** predicts best; it beats " + (", ".join(beats) if beats else "no rival")
                + (" and is not distinguishable from " + ", ".join(ties) if ties else "")
                + f" (each rival's mean squared relative error per setting minus the best law's, paired over the "
