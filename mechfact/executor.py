@@ -49,6 +49,7 @@ class JobFailed(Exception):
 
 class Executor:
     in_process = True  # jobs run in the driver's process and may share live objects with it
+    workers_used = 1  # jobs at once in the last map: a run's wall time times this bounds its CPU time
 
     def map(self, jobs: Iterable[Job], on_result: Callable[[Job, Any], None]) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -178,7 +179,7 @@ class RayExecutor(Executor):
         if not jobs:
             return
         ray = self._ray()
-        slots = self._slots(ray)
+        slots = self.workers_used = self._slots(ray)
         queue = sorted(jobs, key=lambda j: -j.cost)  # largest first: the last job to finish is a small one
         running: dict[Any, Job] = {}
         failure: JobFailed | None = None

@@ -145,10 +145,10 @@ def _estimate(src: Path) -> str:
         elif same:
             base = max(same, key=lambda q: (kind(q)[1], size(q)))
             n0, n1 = kind(base)[1], kind(p)[1]
-            hours = done[base]["wall_time_s"] * (n1 / n0) ** (2 if bij else 1) * (size(p) / size(base)) / 3600
+            hours = _cpu_s(done[base]) * (n1 / n0) ** (2 if bij else 1) * (size(p) / size(base)) / 3600
             spent = f"{hours:.1f} CPU hours" if hours >= 0.1 else f"{hours * 60:.0f} CPU minutes"
             cost = (f"about {spent} on one thread in all ({base} took "
-                    f"{done[base]['wall_time_s'] / 60:.0f} min, scaled by {'N^2 (A = N)' if bij else 'N'}, the "
+                    f"{_cpu_s(done[base]) / 60:.0f} CPU-min, scaled by {'N^2 (A = N)' if bij else 'N'}, the "
                     "relations' sum, the pools and the seeds; more where d* grows faster than ln N)")
         # a part of one pool at the same N (pool_N4096_A64 beside pool_N4096) holds some of this part's settings
         alone = [f"A = {q.rsplit('_A', 1)[1]} is {q} ({'finished' if q in done else 'unfinished'})" for q in pools
@@ -167,6 +167,12 @@ def _estimate(src: Path) -> str:
         else:
             lines.append(f"- `{p}`: {cmd} (or `--device cuda`).")
     return "\n".join(lines) if lines else "Every pool part has run."
+
+
+def _cpu_s(meta: dict) -> float:
+    """A finished part's CPU-seconds on one thread (an upper bound): its wall time times the jobs it ran at once
+    (``workers`` in its meta.json; a part without it ran one job at a time)."""
+    return meta["wall_time_s"] * meta.get("workers", 1)
 
 
 def _ascending_cost(part: str, src: Path, done: dict) -> str:
@@ -201,7 +207,7 @@ def _ascending_cost(part: str, src: Path, done: dict) -> str:
     if base not in done or not todo:
         return ""
     evs = read_json(src / "capacity" / base / "result.json")["evaluations"]
-    per = done[base]["wall_time_s"] / sum(int(re.search(r"R=(\d+)", k).group(1)) for k in evs)
+    per = _cpu_s(done[base]) / sum(int(re.search(r"R=(\d+)", k).group(1)) for k in evs)
     return (f"at most {todo * per / 3600:.1f} CPU hours on one thread ({todo} relation-evaluations to train, at "
             f"the {per:.1f} s each of {base})")
 
@@ -228,7 +234,7 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
     for q in finished:
         res = read_json(src / "capacity" / q / "result.json")
         if q in timed:
-            wall += read_json(src / "capacity" / q / "meta.json")["wall_time_s"]
+            wall += _cpu_s(read_json(src / "capacity" / q / "meta.json"))
             for key, ev in res.get("evaluations", {}).items():
                 f = dict(re.findall(r"(\w+)=(\S+)", key))
                 work += int(f["N"]) * int(f["R"]) * int(f["m"]) * ev["steps"]

@@ -414,6 +414,7 @@ def test_an_ascending_scan_reuses_a_bisections_evaluations_and_refuses_runs_that
 
     bis = ex.run_facts_capacity(cfg("bisect"), tmp_path / "bis", device=CPU)["thresholds"][0]
     assert (bis["threshold"], trained) == (16, [8, 32, 16])
+    assert json.loads((tmp_path / "bis" / "meta.json").read_text())["workers"] == 1  # jobs at once: CPU time bound
     src = json.loads((tmp_path / "bis" / "result.json").read_text())
     src["evaluations"]["N=32 R=4 emb=trainable d=2 m=64 seed=0"] = {"accuracy": 1.0, "steps": 1, "stopped": "x"}
     (tmp_path / "bis" / "result.json").write_text(json.dumps(src))

@@ -107,6 +107,7 @@ def test_ray_executor_hands_over_every_finished_job_before_the_error():
     finally:
         ex.close()
     assert got == {f"ok{i}": i * i for i in range(5)}
+    assert ex.workers_used == 2 and LocalExecutor().workers_used == 1  # what a run's meta.json records as workers
 
 
 @pytest.mark.slow  # starts Ray workers: tens of seconds

@@ -158,7 +158,11 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
     (src / "capacity" / "pool_N1024_AN").mkdir()
     (src / "capacity" / "pool_N1024_AN" / "meta.json").write_text(json.dumps({"wall_time_s": 600.0}))
     assert (f"- `pool_N4096_AN`: about {600 * 16 * 3 / 2 / 3600:.1f} CPU hours on one thread in all (pool_N1024_AN "
-            "took 10 min, scaled by N^2 (A = N)") in PE._estimate(src)
+            "took 10 CPU-min, scaled by N^2 (A = N)") in PE._estimate(src)
+    # a part that ran two jobs at once took twice its wall time in CPU time
+    (src / "capacity" / "pool_N1024_AN" / "meta.json").write_text(json.dumps({"wall_time_s": 600.0, "workers": 2}))
+    assert (f"- `pool_N4096_AN`: about {1200 * 16 * 3 / 2 / 3600:.1f} CPU hours on one thread in all (pool_N1024_AN "
+            "took 20 CPU-min") in PE._estimate(src)
 
 
 def test_a_setting_in_two_pool_parts_is_read_once_preferring_the_one_that_reached(tmp_path):

@@ -356,5 +356,6 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
     result["summary"] = summarise_thresholds(result["thresholds"])
     from .plots import plot_capacity
 
-    return run.finish(result, plot_capacity, "fig_capacity.png", n_jobs_run=len(jobs))
+    return run.finish(result, plot_capacity, "fig_capacity.png", n_jobs_run=len(jobs),
+                      workers=executor.workers_used)
 
