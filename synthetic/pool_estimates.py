@@ -171,7 +171,7 @@ def _estimate(src: Path) -> str:
 
 def _cpu_s(meta: dict) -> float:
     """A finished part's CPU-seconds on one thread (an upper bound): its wall time times the jobs it ran at once
-    (``workers`` in its meta.json; a part without it ran one job at a time)."""
+    (``workers`` in its meta.json; a part from before it was recorded counts as one job at a time)."""
     return meta["wall_time_s"] * meta.get("workers", 1)
 
 
