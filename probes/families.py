@@ -160,7 +160,8 @@ def lre_part_jobs(out: Path, m: str, part: str, data: Path) -> list[tuple[Path, 
     return jobs
 
 
-RUN_FILES = ("config.json", "result.json", "meta.json", ".elapsed.json")  # .elapsed.json: an unfinished run's time
+# .elapsed.json: an unfinished run's time; screen.json: a trace's screening (a resumed trace reads it back)
+RUN_FILES = ("config.json", "result.json", "meta.json", ".elapsed.json", "screen.json")
 DATA_NAME = "evandez-relations/data"  # what an exported config says in place of this machine's data folder
 
 

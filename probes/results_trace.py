@@ -96,10 +96,23 @@ def run(out: Path, models, max_facts: int = MAX_FACTS, lre_data=None, workers: i
             folder = out / m / corruption
             if (folder / "meta.json").is_file():
                 continue
+            _share_screen(out / m / "noise", folder)
             ex = ["--executor", "ray", "--workers", str(workers)] if workers > 1 else []
             subprocess.run(cli + trace_argv(m, corruption, lre, max_facts) + ex + ["--threads", "1", "--quiet",
                                                                                   "--out", str(folder)], check=True)
     run_facts(out / "facts")
+
+
+def _share_screen(src: Path, dst: Path) -> None:
+    """The replace run screens the same prompts of the same model as the noise run: it starts from that screen
+    (the run reads it only where the model and prompts match)."""
+    from mechfact.llm.trace import SCREEN
+    from mechfact.runs import atomic_path
+
+    if src != dst and (src / SCREEN).is_file() and not (dst / SCREEN).exists():
+        dst.mkdir(parents=True, exist_ok=True)
+        with atomic_path(dst / SCREEN) as tmp:
+            tmp.write_bytes((src / SCREEN).read_bytes())
 
 
 def run_facts(out: Path) -> None:
@@ -369,21 +382,27 @@ def write_doc(out: Path, path: Path) -> None:
              "restores only part of the effect: the attention output already carries some of the answer.\n",
              facts_table(out), ""]
     for m in MODELS:
-        if (out / m / "noise" / "result.json").is_file():
+        if _noise(out, m):
             parts.append(f"![{_label(m)}](img/trace_{m}.png)\n")
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(parts))
 
 
 def _depths(out: Path) -> list[tuple[str, int]]:
-    return [(_label(m), r["n_layers"]) for m in MODELS if (r := _read(out / m / "noise" / "result.json"))]
+    return [(_label(m), r["n_layers"]) for m in MODELS if (r := _noise(out, m))]
+
+
+def _noise(out: Path, m: str) -> dict | None:
+    """``m``'s noise run when it has traced a relation (a run stopped after its screening has not)."""
+    r = _read(out / m / "noise" / "result.json")
+    return r if r and r.get("per_relation") else None
 
 
 def figures(out: Path, img: Path) -> None:
     from mechfact.llm.plots import plot_trace
 
     for m in MODELS:
-        r = _read(out / m / "noise" / "result.json")
+        r = _noise(out, m)
         if r:
             plot_trace(r, img / f"trace_{m}.png")
 

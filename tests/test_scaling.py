@@ -282,8 +282,9 @@ def test_llm_relations_on_ray_equal_the_local_run(command, tmp_path):
 
 @pytest.mark.slow
 def test_llm_trace_on_ray_equals_the_local_run(tmp_path):
-    """`llm trace --executor ray`: one task per relation (every kind of it), each worker loading the model; the
-    driver writes the local run's result.json byte for byte, rows in relation and kind order."""
+    """`llm trace --executor ray`: the screening and then the trace, one task per relation (every kind of it), each
+    worker loading the model; the driver writes the local run's result.json byte for byte, rows in relation and
+    kind order, and the same screen."""
     from llm_tiny import build_model, train_to_know, write_relations
 
     rels = write_relations(tmp_path / "rels")
@@ -302,6 +303,8 @@ def test_llm_trace_on_ray_equals_the_local_run(tmp_path):
     assert [(x["relation"], x["kind"]) for x in rows] == [(r, k) for r in ("tiny_capital", "tiny_colour")
                                                            for k in ("state", "severed_mlp")]
     assert all(x["n_traced"] == 2 and x["summary"]["n_facts"] == 2 for x in rows)
+    screens = [json.loads((tmp_path / name / "screen.json").read_text()) for name in ("local", "ray")]
+    assert screens[0] == screens[1] and sorted(screens[1]["top1"]) == ["tiny_capital", "tiny_colour"]
 
 
 def test_llm_lre_refuses_an_in_memory_model_on_ray(tmp_path):

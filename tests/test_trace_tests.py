@@ -240,3 +240,19 @@ def test_an_exported_trace_run_resumes_under_another_data_folder(tmp_path):
     assert got == ["gemma3-270m/noise"]
     again = rundir(tmp_path / "again", tmp_path / "second" / "data").read_result({"per_relation": []})
     assert again["per_relation"][0]["relation"] == "animal_class"
+
+
+def test_the_replace_run_starts_from_the_noise_runs_screen(tmp_path):
+    """The page's two runs of a model screen the same prompts: the replace folder gets the noise folder's screen
+    when it has none, and one it already has is left as it is."""
+    from mechfact.llm.trace import SCREEN
+    from probes.results_trace import _share_screen
+
+    noise, replace = tmp_path / "m" / "noise", tmp_path / "m" / "replace"
+    noise.mkdir(parents=True)
+    (noise / SCREEN).write_text('{"identity": {}, "top1": {"r": [1, 2]}}')
+    _share_screen(noise, replace)
+    assert (replace / SCREEN).read_text() == (noise / SCREEN).read_text()
+    (replace / SCREEN).write_text('{"identity": {}, "top1": {}}')
+    _share_screen(noise, replace)
+    assert json.loads((replace / SCREEN).read_text())["top1"] == {}

@@ -239,6 +239,53 @@ def test_trace_command_refuses_bad_input_with_one_line(tiny_llama, tmp_path, cap
     assert not (tmp_path / "m" / "result.json").exists()
 
 
+def test_a_trace_stopped_after_its_screening_resumes_without_screening_again(tiny_llama, tmp_path, monkeypatch,
+                                                                             one_thread):
+    """The screening (every fact's top-1 token, one forward pass per fact: most of a run's start on a large
+    relation set) is written to the run folder relation by relation; a resumed run reads it back instead of running
+    those forward passes again, and traces what an uninterrupted run traces; a screen made with another model or
+    prompt is not used."""
+    import json
+
+    from mechfact.llm import trace as T
+
+    lm, rels = tiny_llama
+    calls = []
+
+    def spelled(model, ps, batch_size=16):  # a model that knows every fact: its top-1 token starts the object
+        calls.append(len(ps))
+        return torch.tensor([lm.tokenizer.encode(" " + o, add_special_tokens=False)[0] for o in objects])
+
+    rel = T.load_sources([str(rels)], ["tiny_colour"])[0]
+    objects = rel.objects
+    monkeypatch.setattr(T, "predictions", spelled)
+    cfg = T.TraceConfig(relations=[str(rels)], relation_names=["tiny_colour"], kinds=["state"], max_facts=2,
+                        n_draws=2, known="prefix")
+
+    def stop(*a, **k):
+        raise RuntimeError("stopped")
+
+    monkeypatch.setattr(T, "_trace_row", stop)
+    with pytest.raises(RuntimeError, match="stopped"):
+        T.run_llm_trace(cfg, tmp_path / "t", lm=lm)
+    kept = json.loads((tmp_path / "t" / T.SCREEN).read_text())
+    assert calls == [len(rel)] and len(kept["top1"]["tiny_colour"]) == len(rel)
+    assert not (tmp_path / "t" / "result.json").exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(T, "predictions", spelled)
+    res = T.run_llm_trace(cfg, tmp_path / "t", lm=lm)
+    assert calls == [len(rel)] and res["pooled"]["state"]["n_facts"] == 2  # not screened again
+    fresh = T.run_llm_trace(cfg, tmp_path / "fresh", lm=lm)  # an uninterrupted run: the same numbers
+    assert len(calls) == 2 and res["noise"] == fresh["noise"]
+    assert json.dumps(fresh["pooled"], sort_keys=True) == json.dumps(res["pooled"], sort_keys=True)
+    other = T.TraceConfig(**{**cfg.to_dict(), "template": 1})  # another prompt: screened anew
+    T.run_llm_trace(other, tmp_path / "t2", lm=lm)
+    (tmp_path / "t2" / T.SCREEN).write_text((tmp_path / "t" / T.SCREEN).read_text())
+    (tmp_path / "t2" / "result.json").unlink()
+    T.run_llm_trace(other, tmp_path / "t2", lm=lm)
+    assert len(calls) == 4
+
+
 @pytest.mark.slow
 def test_trace_run_on_the_default_model_finds_the_published_pattern_and_resumes(tmp_path):
     """SmolLM2 on known capitals: restoring the last subject token's state works in early-middle layers and the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,23 +35,25 @@ logger = logging.getLogger(__name__)
 
 def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed: int = 0,
                      max_facts: int | None = None, n_replace: int = 0, batch_size: int = 16,
-                     known: str = "prefix", all_known: list | None = None) -> tuple[list[dict], list[dict]]:
+                     known: str = "prefix", all_known: list | None = None,
+                     top1: dict | None = None) -> tuple[list[dict], list[dict]]:
     """(queries, per-relation counts). Each query: ``tokens`` (n,), ``subject`` (first, last), ``index``,
     ``relation``, ``subject_text``, ``object``, and with ``n_replace`` > 0 ``replacements`` (K, n) when any.
     ``max_facts``: at most this many known facts per relation (the first in a seeded order). ``known``: the rule
     (module docstring); the counts give both rules' known facts. ``all_known``: a list that receives (tokens,
-    subject span) of EVERY known fact, traced or not (the noise scale is measured over them)."""
+    subject span) of EVERY known fact, traced or not (the noise scale is measured over them). ``top1``: each
+    relation's top-1 token ids already screened (:func:`screen_relation`), one per fact; a relation not there, or
+    with another number of facts, is screened here."""
     check_choice("known", known, KNOWN_RULES)
     out, counts = [], []
     for rel in as_relations(relations):
         check_template(rel, template)
-        prompts = []
-        for i in range(len(rel)):
-            text, a, b = prompt_text(rel, i, k=k_shot, template=template, seed=seed)
-            toks, first, last = tokenize_prompt(lm.tokenizer, text, (a, b), lm.bos_id)
-            prompts.append((text, a, b, Prompt(text, rel.subjects[i], rel.objects[i], toks, first, last)))
-        ps = ProbeSet.from_prompts([p[3] for p in prompts], pad_id=lm.pad_id)
-        top = predictions(lm, ps, batch_size=batch_size)
+        prompts = _prompts(lm, rel, k_shot, template, seed)
+        cached = (top1 or {}).get(rel.name)
+        if cached is not None and len(cached) == len(rel):
+            top = torch.tensor(cached, dtype=torch.long)
+        else:
+            top = _top1(lm, [p[3] for p in prompts], batch_size)
         prefix = [i for i, ok in enumerate(knows(lm.tokenizer, top, rel.objects, "prefix")) if ok]
         spelled = [i for i, ok in enumerate(knows(lm.tokenizer, top, rel.objects, "spells")) if ok]
         known = spelled if known == "spells" else prefix
@@ -76,6 +79,51 @@ def relation_queries(lm, relations, *, k_shot: int = 0, template: int = 0, seed:
                        "n_known_prefix": len(prefix), "n_known_spells": len(spelled), "n_traced": len(chosen),
                        **({"n_with_replacements": n_rep} if n_replace else {})})
     return out, counts
+
+
+def _prompts(lm, rel: Relation, k_shot: int, template: int, seed: int) -> list[tuple]:
+    """(text, subject start, subject end, Prompt) of every fact of ``rel``."""
+    out = []
+    for i in range(len(rel)):
+        text, a, b = prompt_text(rel, i, k=k_shot, template=template, seed=seed)
+        toks, first, last = tokenize_prompt(lm.tokenizer, text, (a, b), lm.bos_id)
+        out.append((text, a, b, Prompt(text, rel.subjects[i], rel.objects[i], toks, first, last)))
+    return out
+
+
+def _top1(lm, prompts: list, batch_size: int = 16) -> torch.Tensor:
+    return predictions(lm, ProbeSet.from_prompts(prompts, pad_id=lm.pad_id), batch_size=batch_size)
+
+
+def screen_relation(lm, rel: Relation, *, k_shot: int = 0, template: int = 0, seed: int = 0,
+                    batch_size: int = 16) -> list[int]:
+    """The screening of :func:`relation_queries`: the top-1 token id of every fact's prompt (one forward pass per
+    fact, the bulk of a trace's start on a large relation set)."""
+    check_template(rel, template)
+    return [int(t) for t in _top1(lm, [p[3] for p in _prompts(lm, rel, k_shot, template, seed)], batch_size)]
+
+
+def _screen_job(cfg, seed: int, rel: Relation, device: str) -> list[int]:
+    """:func:`screen_relation` in an executor worker, which loads ``cfg.model`` once."""
+    from .models.loading import worker_model
+
+    return screen_relation(worker_model(cfg.model, device, cfg.dtype), rel, k_shot=cfg.k_shot,
+                           template=cfg.template, seed=seed)
+
+
+SCREEN = "screen.json"  # a trace folder's screening: written relation by relation, read back by a resumed run
+
+
+def _read_screen(out: Path, identity: dict) -> dict:
+    """The screened relations (name -> top-1 ids) of ``out``'s screen file when it was made with ``identity`` (the
+    model and the prompts); otherwise none."""
+    from ..runs import read_json
+
+    f = Path(out) / SCREEN
+    if not f.is_file():
+        return {}
+    got = read_json(f)
+    return dict(got.get("top1", {})) if isinstance(got, dict) and got.get("identity") == identity else {}
 
 
 def _replacements(lm, rel: Relation, i: int, text: str, a: int, b: int, toks: list[int], span: tuple[int, int],
@@ -223,7 +271,7 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     runs one task per relation (each worker loads ``cfg.model`` itself, once per worker process); the driver alone
     writes result.json, rows in relation and kind order whatever order they finish in."""
     from ..probes import tracing
-    from ..runs import RunDir
+    from ..runs import RunDir, check_writable, write_json_atomic
     from . import plots
     from .models.loading import check_remote, load_model
     from .jobs import map_relations
@@ -238,12 +286,26 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     for kind in cfg.kind_list:
         tracing.traced_layers(lm.n_layers, _split_kind(kind)[0], cfg.layers)
     reps = cfg.n_replace if cfg.corruption == "replace" else 0
+    # the screening first, relation by relation (one task each with an executor), kept in the folder as it goes
+    identity = {"model_id": lm.model_id, "dtype": cfg.dtype, "k_shot": cfg.k_shot, "template": cfg.template,
+                "seed": seed}
+    top1 = _read_screen(check_writable(out), identity)
+
+    def screened(name: str, top: list[int]) -> None:
+        top1[name] = top
+        write_json_atomic(Path(out) / SCREEN, {"identity": identity, "top1": top1})
+        if progress:
+            print(f"screened {name}: {len(top)} facts ({len(top1)} of {len(rels)} relations)", file=sys.stderr)
+
+    map_relations([rel for rel in rels if len(top1.get(rel.name, ())) != len(rel)], executor, lm,
+                  lambda rel: screen_relation(lm, rel, k_shot=cfg.k_shot, template=cfg.template, seed=seed),
+                  lambda rel: functools.partial(_screen_job, cfg, seed), screened)
     todo = []  # the known facts of every relation first: a run with nothing to trace stops before it starts
     all_known: list = []
     for rel in rels:
         queries, counts = relation_queries(lm, rel, k_shot=cfg.k_shot, template=cfg.template, seed=seed,
                                            max_facts=cfg.max_facts, n_replace=reps, known=cfg.known,
-                                           all_known=all_known)
+                                           all_known=all_known, top1=top1)
         if cfg.corruption == "replace":
             queries = [q for q in queries if "replacements" in q]
         todo.append((rel, queries, counts))
