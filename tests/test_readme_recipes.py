@@ -76,13 +76,17 @@ def test_recipe_b_runs_in_its_fast_form(tmp_path, one_thread):
 
 @pytest.mark.slow
 def test_recipe_b_as_printed_gives_the_numbers_the_readme_states(tmp_path, one_thread):
-    """The numbers the README states for it (seed 0, two decimals)."""
+    """The numbers the README states for it (seed 0, two decimals), within the spread across CPUs it states
+    (float32 training follows each CPU's rounding: r2_heldout 0.968 on one x86-64 CPU, 0.976 on another): 0.01,
+    where the default regime on the same world gives 0.41 / 0.62."""
     res = _run_b(tmp_path, fast=False)
     text = README.read_text()
     r2 = float(re.search(r"result\.json: r2_heldout ([0-9.]+)", text).group(1))
     zs = float(re.search(r"# zero_shot_accuracy ([0-9.]+)", text).group(1))
-    assert res["superposition"]["r2_heldout"] == pytest.approx(r2, abs=0.005)
-    assert res["swap"]["zero_shot_accuracy"] == pytest.approx(zs, abs=0.005)
+    measured = [float(x) for x in re.search(r"`r2_heldout`\s+([0-9.]+) / ([0-9.]+)", text).groups()]
+    assert max(abs(m - r2) for m in measured) <= 0.01  # the README's own spread fits the band
+    assert res["superposition"]["r2_heldout"] == pytest.approx(r2, abs=0.01)
+    assert res["swap"]["zero_shot_accuracy"] == pytest.approx(zs, abs=0.01)
 
 
 @pytest.mark.slow
