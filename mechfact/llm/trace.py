@@ -251,7 +251,7 @@ def _trace_row(lm, name: str, kind: str, queries: list[dict], counts: list[dict]
 
 def _trace_job(cfg: TraceConfig, window: int, seed: int, noise: float | None, job: tuple, rel: Relation,
                device: str) -> list[dict]:
-    """One relation's rows (the kinds still missing) in an executor worker, which loads ``cfg.model`` once.
+    """One relation's rows (of ``job``'s kinds) in an executor worker, which loads ``cfg.model`` once.
     ``job``: that relation's (queries, counts, kinds), the only queries shipped to the worker."""
     from .models.loading import worker_model
 
@@ -267,9 +267,10 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     each finishes (a rerun resumes), ``pooled``: per kind, the summary over all traced facts; one heatmap per
     kind (``fig_trace_<kind>.png``).
 
-    ``executor``: None or a local executor traces the relations one after another in this process; a Ray executor
-    runs one task per relation (each worker loads ``cfg.model`` itself, once per worker process); the driver alone
-    writes result.json, rows in relation and kind order whatever order they finish in."""
+    ``executor``: None or a local executor screens and traces the relations one after another in this process; a Ray
+    executor runs one screening task per relation, then one tracing task per relation and kind (each worker loads
+    ``cfg.model`` itself, once per worker process); the driver alone writes result.json, rows in relation and kind
+    order whatever order they finish in."""
     from ..probes import tracing
     from ..runs import RunDir, check_writable, write_json_atomic
     from . import plots
@@ -339,8 +340,19 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
             add(rel.name, [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed, progress, noise)])
         return []
 
-    map_relations([rel for rel in rels if jobs[rel.name][2]], executor, lm, local,
-                  lambda rel: functools.partial(_trace_job, cfg, window, seed, noise, jobs[rel.name]), add)
+    if check_remote(executor, None):  # one task per relation and kind: a stopped run loses only the rows in flight
+        from ..executor import Job
+
+        dev = str(lm.device)
+        executor.map([Job(key=f"{rel.name}:{kind}", cost=1.0 + sum(len(q["tokens"]) for q in queries),
+                          fn=functools.partial(_trace_job, cfg, window, seed, noise, (queries, counts, [kind]), rel,
+                                               dev))
+                      for rel, queries, counts in todo for kind in jobs[rel.name][2]],
+                     lambda job, rows: add(job.key, rows))
+    else:
+        for rel in rels:
+            if jobs[rel.name][2]:
+                local(rel)
     result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
     return run.finish(result, plots.plot_trace, "fig_trace.png", model=lm.name, model_id=lm.model_id)
 
