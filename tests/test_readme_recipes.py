@@ -83,7 +83,7 @@ def test_recipe_b_as_printed_gives_the_numbers_the_readme_states(tmp_path, one_t
     text = README.read_text()
     r2 = float(re.search(r"result\.json: r2_heldout ([0-9.]+)", text).group(1))
     zs = float(re.search(r"# zero_shot_accuracy ([0-9.]+)", text).group(1))
-    measured = [float(x) for x in re.search(r"`r2_heldout`\s+([0-9.]+) / ([0-9.]+)", text).groups()]
+    measured = [float(x) for x in re.search(r"r2_heldout [0-9.]+ \(([0-9.]+) / ([0-9.]+)\)", text).groups()]
     assert max(abs(m - r2) for m in measured) <= 0.01  # the README's own spread fits the band
     assert res["superposition"]["r2_heldout"] == pytest.approx(r2, abs=0.01)
     assert res["swap"]["zero_shot_accuracy"] == pytest.approx(zs, abs=0.01)

@@ -338,7 +338,6 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
         queries, counts, kinds = jobs[rel.name]
         for kind in kinds:
             add(rel.name, [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed, progress, noise)])
-        return []
 
     if check_remote(executor, None):  # one task per relation and kind: a stopped run loses only the rows in flight
         from ..executor import Job
