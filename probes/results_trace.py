@@ -246,7 +246,7 @@ def llm_table(out: Path) -> str:
 def tests_table(out: Path) -> str:
     """Each GPT-2 XL claim as a test on each model's noise traces (the rules of
     :data:`mechfact.probes.trace_tests.RULES`, fixed before the runs)."""
-    from mechfact.probes.trace_tests import MLP0_RULE, RULES, VARIANTS
+    from mechfact.probes.trace_tests import MIN_RELATIONS, MLP0_RULE, RULES, VARIANTS
 
     rows = ["| claim (GPT-2 XL, Meng et al. 2022) | statistic | rule: holds when the 95% interval is | model | "
             "facts / relations | value [95%] | verdict |", "|---|---|---|---|---|---|---|"]
@@ -260,7 +260,7 @@ def tests_table(out: Path) -> str:
                 continue
             ci = x["ci"]
             val = f"{x['value']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else
-                                         " (no interval: fewer than 5 relations)")
+                                         f" (no interval: fewer than {MIN_RELATIONS} relations)")
             rows.append(f"| {claim} | {statistic} | {where} | {_label(m)} | {x['n_facts']} / {x['n_relations']} "
                         f"| {val} | {x['verdict']} |")
     return "\n".join(rows)
@@ -268,7 +268,10 @@ def tests_table(out: Path) -> str:
 
 def corruptions(out: Path) -> str:
     """The last subject token's state peak under the two corruptions, each with its interval over draws."""
-    from mechfact.probes.trace_tests import draws, peak
+    from mechfact.probes.trace_tests import MIN_RELATIONS, draws, peak
+
+    def name(layer: int):
+        return "emb" if layer == -1 else layer
 
     lines = []
     for m in MODELS:
@@ -279,9 +282,12 @@ def corruptions(out: Path) -> str:
             if t is None:
                 continue
             p = peak(t, "last_subject", draws(t.relations, seed=0))
-            said.append(f"{corruption}: layer {p['layer']} (mode {p['mode']}, 95% of draws in layers "
-                        f"{p['layer_ci'][0]}-{p['layer_ci'][1]}; {t.ie.shape[0]} facts, "
-                        f"{len(set(t.relations))} relations)")
+            n_rel = len(set(t.relations))
+            spread = (f"no interval: fewer than {MIN_RELATIONS} relations" if n_rel < MIN_RELATIONS else
+                      f"mode {name(p['mode'])}, 95% of draws in layers {name(p['layer_ci'][0])}-"
+                      f"{name(p['layer_ci'][1])}")
+            said.append(f"{corruption}: layer {name(p['layer'])} ({spread}; {t.ie.shape[0]} facts, {n_rel} "
+                        f"relation{'s' if n_rel != 1 else ''})")
         if said:
             lines.append(f"- {_label(m)}: the last subject token's state peaks at " + "; ".join(said) + ".")
     return "\n".join(lines)

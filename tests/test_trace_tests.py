@@ -256,3 +256,24 @@ def test_the_replace_run_starts_from_the_noise_runs_screen(tmp_path):
     (replace / SCREEN).write_text('{"identity": {}, "top1": {}}')
     _share_screen(noise, replace)
     assert json.loads((replace / SCREEN).read_text())["top1"] == {}
+
+
+def test_a_peak_from_fewer_relations_than_the_minimum_gets_no_spread_over_draws(tmp_path):
+    """A partial run (one relation of the shipped SmolLM2 run): the corruption section names the peak layer and
+    says there is no interval, instead of a collapsed '95% of draws' from one resampled unit; with every relation
+    the spread is printed."""
+    from probes.results_trace import corruptions
+
+    shipped = ROOT / "docs" / "runs" / "trace" / "smollm2-135m-instruct" / "noise" / "result.json"
+    if not shipped.is_file():
+        pytest.skip("no shipped SmolLM2 trace run in this checkout")
+    full = json.loads(shipped.read_text())
+    one = full["per_relation"][0]["relation"]
+    folder = tmp_path / "smollm2-135m-instruct" / "noise"
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({**full, "per_relation": [
+        r for r in full["per_relation"] if r["relation"] == one]}))
+    text = corruptions(tmp_path)
+    assert f"no interval: fewer than {T.MIN_RELATIONS} relations" in text and "1 relation)" in text
+    assert "95% of draws" not in text
+    assert "95% of draws" in corruptions(shipped.parents[2])
