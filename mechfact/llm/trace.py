@@ -275,7 +275,7 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
     from ..runs import RunDir, check_writable, write_json_atomic
     from . import plots
     from .models.loading import check_remote, load_model
-    from .jobs import map_relations
+    from .jobs import map_relations, map_units
 
     check_remote(executor, lm)  # before anything is loaded or written
 
@@ -334,24 +334,20 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
             result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
             run.write_result(result)
 
-    def local(rel):  # one kind at a time, each row written as it finishes (a rerun resumes inside a relation)
-        queries, counts, kinds = jobs[rel.name]
-        for kind in kinds:
-            add(rel.name, [_trace_row(lm, rel.name, kind, queries, counts, cfg, window, seed, progress, noise)])
+    # one unit per relation and kind (one Ray task each): a stopped run loses only the rows in flight
+    units, kind_of = [], {}
+    for rel, queries, counts in todo:
+        for kind in jobs[rel.name][2]:
+            kind_of[f"{rel.name}:{kind}"] = kind
+            units.append((f"{rel.name}:{kind}", rel, 1.0 + sum(len(q["tokens"]) for q in queries)))
 
-    if check_remote(executor, None):  # one task per relation and kind: a stopped run loses only the rows in flight
-        from ..executor import Job
+    def local(key, rel):  # each row written as it finishes (a rerun resumes inside a relation)
+        queries, counts, _ = jobs[rel.name]
+        return [_trace_row(lm, rel.name, kind_of[key], queries, counts, cfg, window, seed, progress, noise)]
 
-        dev = str(lm.device)
-        executor.map([Job(key=f"{rel.name}:{kind}", cost=1.0 + sum(len(q["tokens"]) for q in queries),
-                          fn=functools.partial(_trace_job, cfg, window, seed, noise, (queries, counts, [kind]), rel,
-                                               dev))
-                      for rel, queries, counts in todo for kind in jobs[rel.name][2]],
-                     lambda job, rows: add(job.key, rows))
-    else:
-        for rel in rels:
-            if jobs[rel.name][2]:
-                local(rel)
+    map_units(units, executor, lm, local,
+              lambda key, rel: functools.partial(_trace_job, cfg, window, seed, noise,
+                                                 (*jobs[rel.name][:2], [kind_of[key]])), add)
     result["pooled"] = _pooled(result["per_relation"], cfg, window, seed)
     return run.finish(result, plots.plot_trace, "fig_trace.png", model=lm.name, model_id=lm.model_id)
 
