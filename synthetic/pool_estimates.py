@@ -179,10 +179,8 @@ def _ascending_cost(part: str, src: Path, done: dict) -> str:
     """An ascending re-scan's CPU hours on one thread: every grid value below a setting's first reaching one that
     the reused runs (read from ``src/capacity``) lack, each taken to fail and so to run its full budget (an upper
     bound), at the wall time per relation-evaluation of the finished 2000-step part of its N."""
-    import re
-
     from mechfact.commands.facts import capacity_config
-    from mechfact.facts.capacity import _eval_key, reusable_evaluations
+    from mechfact.facts.capacity import _eval_key, parse_eval_key, reusable_evaluations, search_units
     from mechfact.runs import read_json
     from synthetic.facts_study import part_command
 
@@ -194,20 +192,17 @@ def _ascending_cost(part: str, src: Path, done: dict) -> str:
     except ValueError:  # a folder the re-scan would refuse: no estimate (the run itself says why)
         return ""
     todo = 0
-    for n in cfg.subjects:
-        for A in cfg.attributes or [None]:
-            for r in cfg.relations:
-                for s in range(a.seed, a.seed + cfg.seeds):
-                    for d in sorted(cfg.grid):
-                        ev = memo.get(_eval_key(n, r, "trainable", d, cfg.mlp_width, s, A))
-                        if ev is not None and ev["accuracy"] >= cfg.target_accuracy:
-                            break
-                        todo += r if ev is None else 0
+    for emb, A, n, r, s in search_units(cfg, a.seed):
+        for d in sorted(cfg.grid):
+            ev = memo.get(_eval_key(n, r, emb, d, cfg.mlp_width, s, A))
+            if ev is not None and ev["accuracy"] >= cfg.target_accuracy:
+                break
+            todo += r if ev is None else 0
     base = f"pool_N{cfg.subjects[0]}"
     if base not in done or not todo:
         return ""
     evs = read_json(src / "capacity" / base / "result.json")["evaluations"]
-    per = _cpu_s(done[base]) / sum(int(re.search(r"R=(\d+)", k).group(1)) for k in evs)
+    per = _cpu_s(done[base]) / sum(parse_eval_key(k)["R"] for k in evs)
     return (f"at most {todo * per / 3600:.1f} CPU hours on one thread ({todo} relation-evaluations to train, at "
             f"the {per:.1f} s each of {base})")
 
@@ -221,7 +216,7 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
     N R m steps). "" without a finished width part."""
     import re
 
-    from mechfact.facts.capacity import scan_grid
+    from mechfact.facts.capacity import parse_eval_key, scan_grid
     from mechfact.runs import read_json
     from synthetic.facts_study import part_command
 
@@ -236,8 +231,8 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
         if q in timed:
             wall += _cpu_s(read_json(src / "capacity" / q / "meta.json"))
             for key, ev in res.get("evaluations", {}).items():
-                f = dict(re.findall(r"(\w+)=(\S+)", key))
-                work += int(f["N"]) * int(f["R"]) * int(f["m"]) * ev["steps"]
+                f = parse_eval_key(key)
+                work += f["N"] * f["R"] * f["m"] * ev["steps"]
         for t in res["thresholds"]:
             k = (t["relations"], t["attributes"], t["embeddings"])
             if best.get(k, (0,))[0] < t["subjects"]:

@@ -108,6 +108,24 @@ def test_capacity_thresholds_and_unreached_settings(tmp_path):
 
 
 
+def test_evaluation_keys_parse_back_and_a_run_lists_its_searches_in_order():
+    """The fields read back from an evaluation key are those it was built from (a pool size only in a pool
+    world); a key of another shape is refused by name; the searches of a run are every (embeddings, pool, N, R,
+    seed) from its first seed, embeddings outermost."""
+    from mechfact.facts.capacity import _eval_key, parse_eval_key, search_units
+
+    assert parse_eval_key(_eval_key(4096, 8, "trainable", 20, 64, 2, 64)) == {
+        "N": 4096, "R": 8, "A": 64, "emb": "trainable", "d": 20, "m": 64, "seed": 2}
+    assert "A" not in parse_eval_key(_eval_key(32, 2, "frozen", 8, 16, 0))
+    with pytest.raises(ValueError, match="'N=32 R=two'"):
+        parse_eval_key("N=32 R=two")
+    cfg = ex.FactsCapacityConfig(subjects=[32, 64], relations=[2], embeddings=["trainable", "frozen"], seeds=2,
+                                 attributes=[8], train=TrainConfig(steps=10))
+    units = list(search_units(cfg, seed=3))
+    assert units[:3] == [("trainable", 8, 32, 2, 3), ("trainable", 8, 32, 2, 4), ("trainable", 8, 64, 2, 3)]
+    assert len(units) == 8 and units[-1] == ("frozen", 8, 64, 2, 4)
+
+
 def test_an_ascending_scan_finds_the_smallest_value_that_reaches_where_a_bisection_does_not(tmp_path):
     """A wider model can fail where a narrower one reached (a loss spike at a fixed learning rate): on the memoised
     grid 2 .. 64 reaching at 4, 32 and 64 only, bisection tries 8 (fails), 32, 16 (fails) and says 32; the

@@ -95,6 +95,27 @@ def _eval_key(N: int, R: int, emb: str, d: int, m: int, seed: int, A: int | None
     return _setting(N, R, emb, A) + f"d={d} m={m} seed={seed}"
 
 
+def parse_eval_key(key: str) -> dict:
+    """The fields of an evaluation key (:func:`_eval_key`): ``N``, ``R``, ``d``, ``m``, ``seed`` (and ``A`` in a
+    pool world) as ints, ``emb`` as written."""
+    try:
+        fields = dict(f.split("=", 1) for f in key.split())
+        return {k: v if k == "emb" else int(v) for k, v in fields.items()}
+    except ValueError as e:
+        raise ValueError(f"evaluation key {key!r}: expected 'N=.. R=.. [A=..] emb=.. d=.. m=.. seed=..'") from e
+
+
+def search_units(cfg: FactsCapacityConfig, seed: int = 0):
+    """Every threshold search a capacity run makes, in its order: (embeddings, pool size or None, N, R, seed),
+    the seeds ``seed`` .. ``seed + cfg.seeds - 1``."""
+    for emb in cfg.embeddings:
+        for A in cfg.attributes or [None]:
+            for N in cfg.subjects:
+                for R in cfg.relations:
+                    for s in range(seed, seed + cfg.seeds):
+                        yield emb, A, N, R, s
+
+
 def scan_grid(n: int, scan: str, ok) -> int:
     """The index of the smallest of ``n`` grid values that ``ok(index)`` accepts, ``n`` when none does, found as
     ``scan`` says: ``ascending`` tries 0, 1, ... and stops at the first accepted; ``bisect`` halves the range,
@@ -319,8 +340,7 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
     run = RunDir(out, cfg, kind="facts.capacity", seed=seed, device=str(device))
     result = run.read_result({"thresholds": [], "evaluations": {}})
     memo = result.setdefault("evaluations", {})
-    mine = tuple(_setting(N, R, emb, A) for emb in cfg.embeddings for A in cfg.attributes or [None]
-                 for N in cfg.subjects for R in cfg.relations)
+    mine = tuple({_setting(N, R, emb, A) for emb, A, N, R, _ in search_units(cfg, seed)})
     for key, ev in borrowed.items():  # of this run's settings only
         if key.startswith(mine):
             memo.setdefault(key, ev)
@@ -331,17 +351,12 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
             for t in result["thresholds"]}
     executor = executor or LocalExecutor(desc="facts capacity")
     jobs = []
-    for emb in cfg.embeddings:
-        for A in cfg.attributes or [None]:
-            for N in cfg.subjects:
-                for R in cfg.relations:
-                    for s in range(seed, seed + cfg.seeds):
-                        if (N, R, emb, s, A or N) in done:
-                            continue
-                        pool = f" A={A}" if A is not None else ""
-                        jobs.append(Job(key=f"{emb}{pool} N={N} R={R} seed={s}", cost=N * R / 1e3, fn=_search_job(
-                            N, R, emb, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result),
-                            attributes=A)))
+    for emb, A, N, R, s in search_units(cfg, seed):
+        if (N, R, emb, s, A or N) in done:
+            continue
+        pool = f" A={A}" if A is not None else ""
+        jobs.append(Job(key=f"{emb}{pool} N={N} R={R} seed={s}", cost=N * R / 1e3, fn=_search_job(
+            N, R, emb, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result), attributes=A)))
 
     def on_result(job: Job, out: dict) -> None:
         merge_evaluations(memo, out["evaluations"])
