@@ -8,7 +8,8 @@ What it runs, per packaged model (``mechfact llm models``; install lines in the 
 
 * ``mechfact llm probe --layers all --k-shot 3 --max-samples 40`` (the 14 shipped relations);
 * ``mechfact llm lre --relations DIR/{factual,linguistic}``: the authors' protocol with its defaults (whole
-  relation files, 8 trials, fixed beta 2.25, rank chosen on training facts) at the middle layer, and a layer
+  relation files, 8 trials, fixed beta 2.25, rank chosen on training facts) at the middle layer, the causality
+  edits of factual files above ``LARGE_FILE`` facts capped at ``SWEEP_MAX_CAUSALITY`` per trial; a layer
   sweep (``--layers``; faithfulness and edit layers chosen on training facts) on the relations of ``SWEEP``, its
   causality edits capped at ``SWEEP_MAX_CAUSALITY`` per trial and layer (``--max-causality``);
 * ``mechfact llm superposition`` on the shipped countries at every ``STRIDE``-th layer.
@@ -16,8 +17,8 @@ What it runs, per packaged model (``mechfact llm models``; install lines in the 
 Run folders: ``runs/fam/<model>/{probe,lre_authors_factual,lre_authors_linguistic,lre_layers_<part>,superposition}``.
 Reruns skip finished runs (and a stopped run resumes relation by relation). Every number printed comes from
 these run folders; a part split over several processes (``lre_authors_<part>_*``, each with its own
-``--relation-names``) is read as one, and ``--run`` finishes it without running a relation twice
-(:func:`lre_part_jobs`).
+``--relation-names``) is read as one, and ``--run`` finishes it without running a relation twice, each relation
+with the settings :func:`part_plan` gives it (:func:`part_jobs`).
 """
 
 from __future__ import annotations
@@ -70,16 +71,9 @@ def run(out: Path, data: Path) -> None:
     for m in MODELS:
         jobs = [(out / m / "probe", ["llm", "probe", "--model", m, "--layers", "all", "--k-shot", "3",
                                       "--max-samples", "40"])]
-        lre = ["llm", "lre", "--model", m]
-        for part in PARTS:
-            jobs += lre_part_jobs(out, m, part, data)
-        for part in PARTS:
-            jobs.append((out / m / f"lre_layers_{part}", lre + ["--relations", str(data / part), "--relation-names",
-                                                                 *SWEEP[part], "--layers", SWEEP_LAYERS[m],
-                                                                 "--max-causality", str(SWEEP_MAX_CAUSALITY)]))
-        for part in (p for mm, p in TRIALS24 if mm == m):
-            jobs.append((out / m / f"lre_trials24_{part}", lre + ["--relations", str(data / part), "--trials", "24",
-                                                                   "--max-causality", "0"]))
+        for name in [*(f"lre_{k}_{p}" for k in ("authors", "layers") for p in PARTS),
+                     *(f"lre_trials24_{p}" for mm, p in TRIALS24 if mm == m)]:
+            jobs += part_jobs(out, m, name, data)
         jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m]]))
         jobs.append((out / m / "superposition_words", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
                                                        "--prompt", "words"]))
@@ -105,6 +99,14 @@ _LRE_FLAGS = {"relation_names": "--relation-names", "max_causality": "--max-caus
               "max_samples": "--max-samples", "max_test": "--max-test", "n_train": "--n-train", "beta": "--beta",
               "layer": "--layer", "layers": "--layers", "ranks": "--ranks", "k_shot": "--k-shot",
               "template": "--template", "facts": "--facts"}
+LARGE_FILE = 100  # facts: a factual relation file above this has its causality edits capped (authors' protocol)
+
+
+def authors_cap(part: str, n_facts: int) -> int | None:
+    """The causality edits per trial of one relation in the page's authors'-protocol run: all (None), except in a
+    factual file of more than ``LARGE_FILE`` facts, capped at ``SWEEP_MAX_CAUSALITY`` (its edits are most of its
+    cost on a CPU; the cap is printed beside the relation's causality)."""
+    return SWEEP_MAX_CAUSALITY if part == "factual" and n_facts > LARGE_FILE else None
 
 
 def _lre_args(folder: Path) -> list[str]:
@@ -123,40 +125,79 @@ def _lre_args(folder: Path) -> list[str]:
     return args
 
 
-def lre_part_jobs(out: Path, m: str, part: str, data: Path) -> list[tuple[Path, list[str]]]:
-    """The runs that finish model ``m``'s authors'-protocol LRE on ``data/part``.
+def _flags(args: list[str]) -> dict[str, tuple[str, ...]]:
+    """``--flag value ...`` as {flag: values}, without ``--relation-names``: a run's settings for each relation."""
+    out, flag = {}, None
+    for a in args:
+        if a.startswith("--"):
+            flag = a
+            out[flag] = ()
+        else:
+            out[flag] += (a,)
+    out.pop("--relation-names", None)
+    return out
 
-    Unsplit (no ``lre_authors_<part>_*`` folder): the one folder of the whole part. Split over several folders
-    (as the shipped runs are): each unfinished folder resumes with its own config when every relation it still
-    asks for is held by no other folder; a relation that no folder holds and none of those will run goes to
-    ``lre_authors_<part>_capped`` (causality capped at ``SWEEP_MAX_CAUSALITY`` edits per trial, as the shipped
-    large files), so no relation runs twice."""
+
+def part_plan(m: str, name: str, data: Path) -> dict[str, tuple[str, list[str]]]:
+    """The page's configuration of the LRE run ``name`` (``lre_authors_<part>``, ``lre_layers_<part>``,
+    ``lre_trials24_<part>``) of model ``m``, relation by relation: relation -> (label of the folder it runs in
+    when the part is split, its ``mechfact llm lre`` flags beyond --model, --relations, --relation-names)."""
     from mechfact.llm.relations import load_relations
 
-    base = out / m / f"lre_authors_{part}"
+    kind, part = name.removeprefix("lre_").split("_", 1)
+    rels = load_relations(str(data / part))
+    if kind == "authors":
+        caps = {r.name: authors_cap(part, len(r.samples)) for r in rels}
+        return {n: ("capped", ["--max-causality", str(c)]) if c is not None else ("", []) for n, c in caps.items()}
+    if kind == "layers":
+        return {n: ("", ["--layers", SWEEP_LAYERS[m], "--max-causality", str(SWEEP_MAX_CAUSALITY)])
+                for n in SWEEP[part]}
+    if kind == "trials24":
+        return {r.name: ("", ["--trials", "24", "--max-causality", "0"]) for r in rels}
+    raise ValueError(f"{name}: not an LRE run of the page; allowed: lre_authors_<part>, lre_layers_<part>, "
+                     f"lre_trials24_<part> with <part> one of {', '.join(PARTS)}")
+
+
+def part_jobs(out: Path, m: str, name: str, data: Path) -> list[tuple[Path, list[str]]]:
+    """The runs that make model ``m``'s LRE run ``name`` as :func:`part_plan` says, relation by relation.
+
+    From nothing: one folder ``name`` (the plain command where every relation takes the same flags), or one per
+    label (``name`` and ``name_capped``, each with its ``--relation-names``). A part split over several folders
+    (as the shipped runs are, processes started by hand) is finished without running a relation twice: a relation
+    counts as done where a folder holds its row and that folder's settings are the plan's for it (a row made
+    otherwise is not the page's and runs again); an unfinished folder resumes with its own config when every
+    relation it still asks for takes its settings and no other folder holds or will run it; what is left goes to
+    new folders (``name_2``, ``name_capped2``, ...)."""
+    from mechfact.llm.relations import load_relations
+
+    plan, part = part_plan(m, name, data), name.removeprefix("lre_").split("_", 1)[1]
+    whole = [r.name for r in load_relations(str(data / part))]
+    base = out / m / name
     lre = ["llm", "lre", "--model", m, "--relations", str(data / part)]
-    folders = [f for f in [base, *sorted((out / m).glob(f"{base.name}_*"))] if (f / "config.json").is_file()]
-    if folders == [base] or not folders:
-        return [(base, lre)]
-    every = [r.name for r in load_relations(str(data / part))]
+    folders = [f for f in [base, *sorted((out / m).glob(f"{name}_*"))] if (f / "config.json").is_file()]
+    flags = {f: _flags(_lre_args(f)) for f in folders}
     rows = {f: {x["relation"] for x in (_read(f / "result.json") or {}).get("per_relation", [])} for f in folders}
-    held = set().union(*rows.values())
+    held = {r for f in folders for r in rows[f] if r in plan and flags[f] == _flags(plan[r][1])}
     jobs, coming = [], set()
     for f in folders:
         if (f / "meta.json").is_file():
             continue
-        asked = ((_read(f / "config.json") or {}).get("config") or {}).get("relation_names") or every
+        asked = ((_read(f / "config.json") or {}).get("config") or {}).get("relation_names") or list(plan)
         left = set(asked) - rows[f]
-        if left and not left & held and not left & coming:
+        if left and all(r in plan and flags[f] == _flags(plan[r][1]) for r in left) and not left & (held | coming):
             jobs.append((f, lre + _lre_args(f)))
             coming |= left
-    missing = [r for r in every if r not in held and r not in coming]
-    if missing:
-        rest = out / m / f"{base.name}_capped"
-        k = 2
-        while (rest / "config.json").is_file():
-            rest, k = out / m / f"{base.name}_capped{k}", k + 1
-        jobs.append((rest, lre + ["--relation-names", *missing, "--max-causality", str(SWEEP_MAX_CAUSALITY)]))
+    missing = [r for r in plan if r not in held | coming]
+    groups: dict[tuple, list[str]] = {}
+    for r in missing:
+        groups.setdefault((plan[r][0], tuple(plan[r][1])), []).append(r)
+    for (label, args), names in groups.items():
+        stem = f"{name}_{label}" if label else name
+        folder, k = out / m / stem, 2
+        while (folder / "config.json").is_file():
+            folder, k = out / m / (f"{stem}{k}" if label else f"{stem}_{k}"), k + 1
+        every = not folders and names == whole  # the plain command: every relation of the data folder
+        jobs.append((folder, lre + ([] if every else ["--relation-names", *names]) + list(args)))
     return jobs
 
 
@@ -279,8 +320,15 @@ def _part_status(out: Path, m: str, name: str) -> str:
     done = all((f / "meta.json").is_file() for f in folders)
     state = "finished" if done else "partial (stopped or running; rerun --run to resume)"
     kept = _kept(folders) if name.startswith("lre_") else []  # relations kept part way: (name, done, asked)
+    aside = 0  # authors'-protocol rows made with another causality cap than the page's (not read)
     if name.startswith("lre_"):
-        rels = [[x["relation"] for x in (_read(f / "result.json") or {}).get("per_relation", [])] for f in folders]
+        rels = []
+        for f in folders:
+            xs = (_read(f / "result.json") or {}).get("per_relation", [])
+            ok = [x for x in xs if not name.startswith("lre_authors_")
+                  or x.get("max_causality") == authors_cap(name.removeprefix("lre_authors_"), x["n_samples"])]
+            rels.append([x["relation"] for x in ok])
+            aside += len(xs) - len(ok)
         n, held = sum(map(len, rels)), set().union(*map(set, rels))
         every = set().union(*[_relation_names(f) for mm in MODELS for f in _part_folders(out, mm, name)],
                             [rel for rel, _, _ in kept])  # a relation kept part way has not finished
@@ -298,6 +346,7 @@ def _part_status(out: Path, m: str, name: str) -> str:
         else:
             state += f", {n} relations"
     return (state + (f", {len(folders)} folders" if len(folders) > 1 else "")
+            + (f"; {aside} row{'s' * (aside != 1)} made with another causality cap not read" if aside else "")
             + "".join(f"; {rel} at {k} of {t} trials" for rel, k, t in kept))
 
 

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 
-from probes.families import (MODELS, PARTS, SUPERPOSITION_RUNS, _read, export, resume_shipped, run,
-                             runs_status)
+from probes.families import (LARGE_FILE, MODELS, PARTS, SUPERPOSITION_RUNS, SWEEP_MAX_CAUSALITY, _read, export,
+                             resume_shipped, run, runs_status)
 from probes.results_llm_lre import (_ci, _p, lre_figure, lre_sweep_table, lre_table, trials24_section)
 
 
@@ -195,8 +195,9 @@ the bias alone; maj = the share of the most common test object; tok = what the b
 (one token for every fact, chosen on the scored facts, under the first-token match F is scored by: the fair
 constant for F; in runs that record it); C = causality at
 the rank chosen on the training facts (on every test fact of a trial, as the authors, except where a cell says
-`≤K edits/trial`: K of them, taken round-robin over objects, `--max-causality K`, for the largest files on the
-slower models). Intervals: bootstrap over subjects (cells; runs that record the best constant token draw
+`≤K edits/trial`: K of them, taken round-robin over objects, `--max-causality K`: every factual file of more
+than LARGE_FILE facts, on every model, K = CAP; `--run` gives each relation these settings and the page reads no
+row made otherwise). Intervals: bootstrap over subjects (cells; runs that record the best constant token draw
 trials, each its own operator, then subjects) or over relations (means).
 `n a×b`: a test facts per trial, b trials. Degenerate relations (every test fact one object, or the bias alone
 right on every test fact: a constant answer scores 1.00) are marked and left out of the means.
@@ -207,7 +208,8 @@ def write_doc(out: Path, path: Path) -> None:
     """The whole results page from the run folders in ``out`` (figures next to it in ``img/``)."""
     from probes.results_trace import models_legend
 
-    parts = [DOC_HEAD, models_legend(MODELS), "## Runs behind this page\n", runs_status(out), ""]
+    head = DOC_HEAD.replace("LARGE_FILE", str(LARGE_FILE)).replace("K = CAP", f"K = {SWEEP_MAX_CAUSALITY}")
+    parts = [head, models_legend(MODELS), "## Runs behind this page\n", runs_status(out), ""]
     parts += ["## LRE, the authors' protocol, factual relations (middle layer)\n", lre_table(out, "factual"), "",
               "## LRE, the authors' protocol, linguistic relations (middle layer)\n", lre_table(out, "linguistic"), "",
               "![LRE per relation](img/families_lre.png)\n",

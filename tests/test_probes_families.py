@@ -3,6 +3,7 @@ degenerate relations out of the means, Spearman against the published numbers wi
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 
@@ -221,47 +222,77 @@ def test_run_status_counts_relations_against_every_model_and_every_request(tmp_p
     assert "edits/trial" not in FL._lre_cell(_row("a", lambda b: 0.5, 1.0))
 
 
-def test_run_plan_finishes_a_split_part_without_running_a_relation_twice(tmp_path, monkeypatch):
-    """--run on a part split over several folders: an unfinished folder resumes with its own config (the flags
-    rebuild that config exactly), one whose remaining relations another folder holds is left alone, and only
-    the relations no folder holds or will run go to a new capped folder; an unsplit part stays one folder."""
+def test_run_plan_gives_each_relation_the_pages_settings_and_finishes_a_split_part_without_a_relation_twice(
+        tmp_path, monkeypatch):
+    """--run makes the page's LRE runs relation by relation (:func:`part_plan`): from nothing, the factual files
+    above LARGE_FILE facts in one capped folder and the rest whole in another, a part whose relations all take
+    the same settings as the plain command. On a part split by hand: a row counts only where its folder's
+    settings are the plan's for that relation (an uncapped row of a large file runs again, capped); an
+    unfinished folder resumes with its own config (the flags rebuild it exactly) when what it still asks for
+    takes its settings and no other folder holds it; the rest goes to new folders. The page reads only rows
+    with the plan's cap."""
     from mechfact import cli
     from mechfact.llm import lre as L
-    from mechfact.runs import RunDir, _same_config
+    from mechfact.runs import RunDir, _same_config, release
+    from probes import results_llm_lre as FL
     from tests.llm_tiny import TINY_RELATIONS
 
     data = tmp_path / "data"
+    big = [{"subject": f"s{i}", "object": "red"} for i in range(F.LARGE_FILE + 1)]
     for part, names in (("factual", "abcde"), ("linguistic", "xy")):
         (data / part).mkdir(parents=True)
         for n in names:
-            rel = {**TINY_RELATIONS["tiny_colour"], "name": n}
+            rel = {**TINY_RELATIONS["tiny_colour"], "name": n, **({"samples": big} if n in "de" else {})}
             (data / part / f"{n}.json").write_text(json.dumps(rel))
     out, m = tmp_path / "runs", "gemma3-270m"
+    cap = ["--max-causality", str(F.SWEEP_MAX_CAUSALITY)]
+    assert [(f.name, a[a.index("--relation-names") + 1:]) for f, a in F.part_jobs(out, m, "lre_authors_factual",
+                                                                                  data)] == [
+        ("lre_authors_factual", ["a", "b", "c"]), ("lre_authors_factual_capped", ["d", "e", *cap])]
+    assert F.part_jobs(out, m, "lre_authors_linguistic", data) == [
+        (out / m / "lre_authors_linguistic", ["llm", "lre", "--model", m, "--relations", str(data / "linguistic")])]
 
     def folder(name, rows, done, **cfg):
         c = L.LreConfig(model=m, relations=str(data / "factual"), **cfg)
         run = RunDir(out / m / name, c.to_dict(), kind="llm.lre", seed=0, device="cpu", model_id=m)
-        run.write_result({"per_relation": [{"relation": r} for r in rows]})
+        run.write_result({"per_relation": [{"relation": r, "n_samples": 12 if r in "abc" else F.LARGE_FILE + 1,
+                                            "max_causality": cfg.get("max_causality")} for r in rows]})
         if done:
             (out / m / name / "meta.json").write_text("{}")
-        from mechfact.runs import release
         release(out / m / name)
         return c
 
     folder("lre_authors_factual_small", ["a"], True, relation_names=["a"])
-    folder("lre_authors_factual_large", ["b"], False, relation_names=["b", "c"])  # c: held by _more below
-    more = folder("lre_authors_factual_more", ["c"], False, relation_names=["c", "d"], max_causality=16,
-                  n_trials=24, layers=[1, 3])
-    jobs = F.lre_part_jobs(out, m, "factual", data)
-    assert [f.name for f, _ in jobs] == ["lre_authors_factual_more", "lre_authors_factual_capped"]
-    argv = jobs[1][1]
-    assert argv[argv.index("--relation-names") + 1:] == ["e", "--max-causality", str(F.SWEEP_MAX_CAUSALITY)]
+    folder("lre_authors_factual_large", ["d"], False, relation_names=["d", "e"])  # d uncapped: not the page's
+    more = folder("lre_authors_factual_more", ["b"], False, relation_names=["b", "c"])
+    folder("lre_authors_factual_capped", ["e"], True, relation_names=["e"], max_causality=F.SWEEP_MAX_CAUSALITY)
+    jobs = F.part_jobs(out, m, "lre_authors_factual", data)
+    assert [f.name for f, _ in jobs] == ["lre_authors_factual_more", "lre_authors_factual_capped2"]
+    assert jobs[1][1][jobs[1][1].index("--relation-names") + 1:] == ["d", *cap]
     seen = {}
     monkeypatch.setattr(L, "run_llm_lre", lambda cfg, out, **kw: seen.update(cfg=cfg))
     cli.main(jobs[0][1] + ["--out", str(jobs[0][0])])
     assert _same_config(more.to_dict(), seen["cfg"].to_dict()) and seen["cfg"].to_dict() == more.to_dict()
-    assert F.lre_part_jobs(out, m, "linguistic", data) == [
-        (out / m / "lre_authors_linguistic", ["llm", "lre", "--model", m, "--relations", str(data / "linguistic")])]
+    assert sorted(FL._lre_rows(out, m)) == ["a", "b", "e"]  # d's uncapped row is not read
+    assert "1 row made with another causality cap not read" in F._part_status(out, m, "lre_authors_factual")
+    with pytest.raises(ValueError, match="lre_probe_factual: not an LRE run of the page"):
+        F.part_plan(m, "lre_probe_factual", data)
+
+
+def test_run_has_nothing_left_to_run_on_the_shipped_lre_runs(tmp_path):
+    """The shipped LRE runs are what --run makes: resumed from docs/runs/fam, the plan of every model's LRE runs
+    has no job left, so every row the page reads was made with the settings --run gives its relation (needs the
+    LRE authors' data, github evandez/relations: skipped without it)."""
+    root = Path(__file__).resolve().parents[1]
+    data = root.parent / "shared" / "data" / "lre"
+    if not (data / "factual").is_dir() or not (root / "docs/runs/fam").is_dir():
+        pytest.skip("the LRE authors' data or docs/runs/fam is absent")
+    F.resume_shipped(root / "docs/runs/fam", tmp_path, data)
+    left = [(f.relative_to(tmp_path), argv) for m in F.MODELS
+            for name in [*(f"lre_{k}_{p}" for k in ("authors", "layers") for p in F.PARTS),
+                         *(f"lre_trials24_{p}" for mm, p in F.TRIALS24 if mm == m)]
+            for f, argv in F.part_jobs(tmp_path, m, name, data)]
+    assert left == []
 
 
 def test_the_paired_test_says_an_lre_no_better_than_a_constant_does_not_beat_it():
