@@ -182,7 +182,7 @@ def part_jobs(out: Path, m: str, name: str, data: Path) -> list[tuple[Path, list
     for f in folders:
         if (f / "meta.json").is_file():
             continue
-        asked = ((_read(f / "config.json") or {}).get("config") or {}).get("relation_names") or list(plan)
+        asked = ((_read(f / "config.json") or {}).get("config") or {}).get("relation_names") or whole
         left = set(asked) - rows[f]
         if left and all(r in plan and flags[f] == _flags(plan[r][1]) for r in left) and not left & (held | coming):
             jobs.append((f, lre + _lre_args(f)))

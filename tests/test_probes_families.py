@@ -275,6 +275,13 @@ def test_run_plan_gives_each_relation_the_pages_settings_and_finishes_a_split_pa
     assert _same_config(more.to_dict(), seen["cfg"].to_dict()) and seen["cfg"].to_dict() == more.to_dict()
     assert sorted(FL._lre_rows(out, m)) == ["a", "b", "e"]  # d's uncapped row is not read
     assert "1 row made with another causality cap not read" in F._part_status(out, m, "lre_authors_factual")
+    # a layer sweep started on every relation of the folder: not resumed (it would run relations outside the
+    # sweep), the sweep's relations go to a new folder
+    folder("lre_layers_factual", [], False, layers=[int(x) for x in F.SWEEP_LAYERS[m].split(",")],
+           max_causality=F.SWEEP_MAX_CAUSALITY)
+    (f, argv), = F.part_jobs(out, m, "lre_layers_factual", data)
+    assert f.name == "lre_layers_factual_2" and argv[argv.index("--relation-names") + 1:] == [
+        *F.SWEEP["factual"], "--layers", F.SWEEP_LAYERS[m], *cap]
     with pytest.raises(ValueError, match="lre_probe_factual: not an LRE run of the page"):
         F.part_plan(m, "lre_probe_factual", data)
 
