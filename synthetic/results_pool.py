@@ -389,16 +389,23 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
         pairs = [(ladder[(n, r, a, s)].get(lo), ladder[(n, r, a, s)].get(hi)) for s in seeds]
         decided = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
                    and y["threshold"] is not None and not at_min(x, lo, n) and not at_min(y, hi, n)]
+        # a bound below the smaller budget's threshold (reached at the grid's smallest value, under it) has moved
+        below = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
+                 and not at_min(x, lo, n) and y["threshold"] is not None and at_min(y, hi, n)
+                 and y["threshold"] < x["threshold"]]
         same = sum(x["threshold"] == y["threshold"] for x, y in decided)
-        agree = f"{lo} / {hi}: {same} of {len(seeds)} seeds" + ("" if len(decided) == len(seeds) else
-                                                                f" ({len(seeds) - len(decided)} not decided)")
+        known = len(decided) + len(below)
+        agree = f"{lo} / {hi}: {same} of {len(seeds)} seeds" + ("" if known == len(seeds) else
+                                                                f" ({len(seeds) - known} not decided)")
         lines.append(f"| {n} | {r} | {a} | " + " | ".join(cells) + f" | {agree} |")
-        if decided:
-            last = sorted(y["threshold"] for _, y in decided)
+        if known:
+            last = ", ".join(shown(y, hi, n) for _, y in sorted(decided + below, key=lambda p: p[1]["threshold"]))
             verdicts.append(f"N = {n}, R = {r}, A = {a}: " + (
-                f"converged at d* = {', '.join(map(str, last))} ({lo} and {hi} steps agree)" if same == len(seeds)
-                else f"not converged: {len(seeds) - same} of {len(seeds)} seeds still move between {lo} and {hi} "
-                     f"steps (d* {', '.join(map(str, last))} at {hi})"))
+                f"converged at d* = {last} ({lo} and {hi} steps agree)" if same == len(seeds)
+                else f"not converged: {known - same} of {len(seeds)} seeds still move between {lo} and {hi} "
+                     f"steps (d* {last} at {hi})" if known > same
+                else f"not decided: {same} of {len(seeds)} seeds agree between {lo} and {hi} steps (d* {last} at "
+                     f"{hi}), {len(seeds) - known} reached at a grid's smallest value"))
     # how d* grows with N at each budget, where two N share R and A: the ratio of the medians against R ln N's
     ratios = []
     for (r, a) in sorted({(r, a) for (_, r, a) in settings}):
