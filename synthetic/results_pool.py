@@ -405,24 +405,27 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
                 else f"not converged: {known - same} of {len(seeds)} seeds still move between {lo} and {hi} "
                      f"steps (d* {last} at {hi})" if known > same
                 else f"not decided: {same} of {len(seeds)} seeds agree between {lo} and {hi} steps (d* {last} at "
-                     f"{hi}), {len(seeds) - known} reached at a grid's smallest value"))
+                     f"{hi}), {len(seeds) - known} not decided"))
     # how d* grows with N at each budget, where two N share R and A: the ratio of the medians against R ln N's
     ratios = []
     for (r, a) in sorted({(r, a) for (_, r, a) in settings}):
         ns = sorted(n for (n, rr, aa) in settings if (rr, aa) == (r, a))
         for n1, n2 in zip(ns, ns[1:]):
-            got = []
+            got = []  # (budget, ratio, "" / "<= " / ">= ": a median over bounds at the grid minimum bounds it)
             for b in budgets:
-                m1, m2 = ([x["threshold"] for s in settings[(n, r, a)] if (x := ladder[(n, r, a, s)].get(b))
+                x1, x2 = ([x for s in settings[(n, r, a)] if (x := ladder[(n, r, a, s)].get(b))
                            and x["threshold"] is not None] for n in (n1, n2))
-                if m1 and m2 and len(m1) == len(settings[(n1, r, a)]) and len(m2) == len(settings[(n2, r, a)]):
-                    got.append((b, statistics.median(m2) / statistics.median(m1)))
+                b1, b2 = (any(at_min(x, b, n) for x in xs) for xs, n in ((x1, n1), (x2, n2)))
+                if x1 and x2 and len(x1) == len(settings[(n1, r, a)]) and len(x2) == len(settings[(n2, r, a)]) \
+                        and not (b1 and b2):
+                    got.append((b, statistics.median(x["threshold"] for x in x2)
+                                / statistics.median(x["threshold"] for x in x1), "<= " if b2 else ">= " if b1 else ""))
             if len(got) > 1:
                 k = math.log(n2 / n1)
                 ratios.append(
                     f"- d*(N = {n2}) / d*(N = {n1}) at R = {r}, A = {a}, medians: "
-                    + ", ".join(f"{q:.2f} at {b}" for b, q in got) + " steps (as a power of N: "
-                    + ", ".join(f"N^{math.log(q) / k:.2f}" for _, q in got) + f"); R ln N predicts "
+                    + ", ".join(f"{o}{q:.2f} at {b}" for b, q, o in got) + " steps (as a power of N: "
+                    + ", ".join(f"{o}N^{math.log(q) / k:.2f}" for _, q, o in got) + f"); R ln N predicts "
                     f"{math.log(n2) / math.log(n1):.2f} (N^{math.log(math.log(n2) / math.log(n1)) / k:.2f} over this "
                     "range).")
 
