@@ -18,6 +18,7 @@ records sorted writes byte-identical results in any completion order.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -225,16 +226,50 @@ def _cause(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
+SPILLS = "evaluations"  # a run folder's subfolder: each unfinished Ray search's evaluations so far, a file a job
+
+
+def spill_file(folder, key: str):
+    """The file in which the job ``key`` of the run in ``folder`` keeps its evaluations while it runs."""
+    from pathlib import Path
+
+    return Path(folder) / SPILLS / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def read_spills(folder) -> dict:
+    """The evaluations kept by the searches of the run in ``folder`` that did not finish (an unreadable file, one
+    being replaced, left out)."""
+    from pathlib import Path
+
+    from .runs import read_json
+
+    got = {}
+    for f in sorted((Path(folder) / SPILLS).glob("*.json")):
+        try:
+            got.update(read_json(f))
+        except Exception:  # noqa: BLE001 -- a torn or foreign file: its evaluations are trained again
+            logger.warning("%s: unreadable, left out", f)
+    return got
+
+
 def memo_job(executor, search: Callable[[dict, Any], Any], memo: dict, mine: Callable[[str], bool], key: str,
-             on_eval=None) -> Callable[[], dict]:
+             on_eval=None, spill=None) -> Callable[[], dict]:
     """One memoised search as a job's function. In this process it shares the live ``memo`` (``on_eval`` runs after
     every evaluation, e.g. to save it); elsewhere (a Ray task) it gets a copy of its own evaluations (the keys
     ``mine`` accepts) and returns them beside its result, ``{key: search(...), "evaluations": ...}``, for
-    :func:`merge_evaluations`."""
+    :func:`merge_evaluations`; with ``spill`` (a path the task can write: :func:`spill_file`) it also writes
+    them there after every evaluation, so a search stopped part way loses only the training in flight."""
     if executor.in_process:
         return lambda: {key: search(memo, on_eval), "evaluations": {}}
     own = {k: v for k, v in memo.items() if mine(k)}
-    return lambda: {key: search(own, None), "evaluations": own}
+    if spill is None:
+        return lambda: {key: search(own, None), "evaluations": own}
+
+    def save() -> None:
+        from .runs import write_json_atomic
+
+        write_json_atomic(spill, own)
+    return lambda: {key: search(own, save), "evaluations": own}
 
 
 def merge_evaluations(memo: dict, evaluations: dict) -> None:

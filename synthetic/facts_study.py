@@ -298,7 +298,9 @@ def multihop_table(out: Path) -> str:
 
 def export_run_json(folder: Path, dest: Path) -> int:
     """Copies a run folder's config.json, result.json and meta.json (those present) to ``dest``, the config
-    without its ``out`` (a path of the machine that ran it); the number of files copied."""
+    without its ``out`` (a path of the machine that ran it), the evaluations of searches stopped part way
+    (:func:`mechfact.executor.read_spills`) folded into the result's; the number of files copied."""
+    from mechfact.executor import merge_evaluations, read_spills
     from mechfact.runs import read_json, write_json_atomic
 
     n = 0
@@ -307,6 +309,9 @@ def export_run_json(folder: Path, dest: Path) -> int:
             data = read_json(folder / name)
             if name == "config.json":
                 data.get("config", {}).pop("out", None)
+            if name == "result.json" and isinstance(data.get("evaluations"), dict):
+                merge_evaluations(data["evaluations"], {k: v for k, v in read_spills(folder).items()
+                                                        if k not in data["evaluations"]})
             write_json_atomic(dest / name, data)
             n += 1
     return n

@@ -108,6 +108,47 @@ def test_capacity_thresholds_and_unreached_settings(tmp_path):
 
 
 
+def test_a_search_stopped_part_way_on_ray_keeps_its_evaluations_for_the_next_run_and_the_export(
+        tmp_path, monkeypatch):
+    """A Ray search (not in the driver) writes its evaluations to its spill file after every training: stopped
+    part way, what it trained is there; the next run of the folder takes them (no training for them), and an
+    export of the stopped folder folds them into result.json; a finished run leaves no spill files."""
+    from mechfact import executor as E
+    from mechfact.facts import capacity as C
+    from synthetic.facts_study import export_run_json
+
+    class Remote:
+        in_process = False
+
+    spill = E.spill_file(tmp_path / "run", "trainable N=32 R=2 seed=0")
+
+    def search(memo, on_eval):
+        memo["N=32 R=2 emb=trainable d=2 m=64 seed=0"] = {"accuracy": 0.5, "steps": 10, "stopped": "budget"}
+        on_eval()
+        raise KeyboardInterrupt  # stopped before the next evaluation finished
+
+    job = E.memo_job(Remote(), search, {"N=64 R=2 emb=trainable d=2 m=64 seed=0": {}}, lambda k: "N=32" in k,
+                     "record", spill=spill)
+    with pytest.raises(KeyboardInterrupt):
+        job()
+    assert E.read_spills(tmp_path / "run") == {"N=32 R=2 emb=trainable d=2 m=64 seed=0": {
+        "accuracy": 0.5, "steps": 10, "stopped": "budget"}}
+    cfg = ex.FactsCapacityConfig(subjects=[32], relations=[2], embeddings=["trainable"], grid=[2, 4],
+                                 scan="ascending", train=TrainConfig(steps=10))
+    run = tmp_path / "run"
+    (run / "result.json").write_text(json.dumps({"thresholds": [], "evaluations": {}}))
+    assert export_run_json(run, tmp_path / "out") == 1
+    assert "N=32 R=2 emb=trainable d=2 m=64 seed=0" in json.loads((tmp_path / "out/result.json").read_text())[
+        "evaluations"]
+    (run / "result.json").unlink()
+    trained = []
+    monkeypatch.setattr(C, "train", lambda model, world, tcfg, **kw: trained.append(model.cfg.d) or {
+        "accuracy": 1.0, "steps": 5, "stopped": "target"})
+    got = C.run_facts_capacity(cfg, run, device=CPU)
+    assert trained == [4] and got["thresholds"][0]["threshold"] == 4 and not (run / E.SPILLS).exists()
+    assert got["evaluations"]["N=32 R=2 emb=trainable d=2 m=64 seed=0"]["accuracy"] == 0.5
+
+
 def test_evaluation_keys_parse_back_and_a_run_lists_its_searches_in_order():
     """The fields read back from an evaluation key are those it was built from (a pool size only in a pool
     world); a key of another shape is refused by name; the searches of a run are every (embeddings, pool, N, R,

@@ -22,6 +22,8 @@ ray = pytest.importorskip("ray")
 # small, but more jobs than workers and of unequal cost (largest-first scheduling is exercised)
 SWEEP = ["memory", "sweep", "--d", "16", "24", "--points", "4", "--seeds", "2", "--steps", "300", "--quiet"]
 CAPACITY = ["memory", "capacity", "--d", "12", "16", "--seeds", "2", "--steps", "300", "--rel-tol", "0.05", "--quiet"]
+FACTS_CAPACITY = ["facts", "capacity", "--subjects", "16", "--relations", "2", "--attributes", "4", "--outputs",
+                  "attributes", "--grid", "2", "4", "8", "--steps", "150", "--seeds", "2", "--quiet"]
 MULTIHOP = ["facts", "multihop", "--subjects", "8", "--relations", "2", "--d", "8", "--mlp-width", "16",
             "--hops", "1", "2", "--steps", "100", "--quiet"]
 
@@ -38,7 +40,8 @@ def _same_results(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow  # starts Ray workers: tens of seconds
-@pytest.mark.parametrize("argv", [SWEEP, CAPACITY, MULTIHOP], ids=["memory-sweep", "memory-capacity", "facts-multihop"])
+@pytest.mark.parametrize("argv", [SWEEP, CAPACITY, MULTIHOP, FACTS_CAPACITY],
+                         ids=["memory-sweep", "memory-capacity", "facts-multihop", "facts-capacity"])
 def test_ray_gives_the_local_result_byte_for_byte(argv, tmp_path):
     """Same config and seed: --executor ray --workers 2 writes the same result.json as the local executor
     (one thread, as each Ray task has), whatever order the jobs finished in (capacity: the memo of every
@@ -49,7 +52,8 @@ def test_ray_gives_the_local_result_byte_for_byte(argv, tmp_path):
     assert rayed.returncode == 0, rayed.stderr
     _same_results(tmp_path / "local", tmp_path / "ray")
     result = json.loads((tmp_path / "ray" / "result.json").read_text())
-    assert any(result.get(k) for k in ("points", "capacity")), result
+    assert any(result.get(k) for k in ("points", "capacity", "thresholds")), result
+    assert not (tmp_path / "ray" / "evaluations").exists()  # the searches' spill files go once they finish
 
 
 @pytest.mark.slow  # starts Ray workers: tens of seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import numpy as np
 import torch
 
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list, check_type
-from ..executor import Executor, Job, LocalExecutor, memo_job, merge_evaluations
+from ..executor import (SPILLS, Executor, Job, LocalExecutor, memo_job, merge_evaluations, on_this_machine,
+                        read_spills, spill_file)
 from ..runs import RunDir
 from .model import EMBEDDINGS, FactModelConfig, build_fact_model
 from .spec import ModelSpec, _refuse_if_too_big, training_cost
@@ -292,12 +294,13 @@ def slope_interval(thresholds: list[dict], xname: str):
 
 
 def _search_job(N: int, R: int, emb: str, seed: int, cfg: FactsCapacityConfig, device, memo: dict,
-                executor: Executor, on_eval=None, attributes: int | None = None):
-    """One threshold search as a job (:func:`mechfact.executor.memo_job`; the memo saved after every training)."""
+                executor: Executor, on_eval=None, attributes: int | None = None, spill=None):
+    """One threshold search as a job (:func:`mechfact.executor.memo_job`; the memo saved after every training:
+    in the run's result.json in this process, in ``spill`` from a Ray task)."""
     return memo_job(executor, lambda m, ev: capacity_search(N, R, emb, seed, cfg, device, m, on_eval=ev,
                                                             attributes=attributes), memo,
                     lambda k: k.startswith(_setting(N, R, emb, attributes)) and k.endswith(f" seed={seed}"),
-                    "record", on_eval)
+                    "record", on_eval, spill)
 
 
 def reusable_evaluations(cfg: FactsCapacityConfig, folders, device: str = "cpu") -> dict[str, dict]:
@@ -341,7 +344,8 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
     result = run.read_result({"thresholds": [], "evaluations": {}})
     memo = result.setdefault("evaluations", {})
     mine = tuple({_setting(N, R, emb, A) for emb, A, N, R, _ in search_units(cfg, seed)})
-    for key, ev in borrowed.items():  # of this run's settings only
+    # what Ray searches of an earlier, stopped process of this run trained, then what other runs lend
+    for key, ev in [*read_spills(run.path).items(), *borrowed.items()]:  # of this run's settings only
         if key.startswith(mine):
             memo.setdefault(key, ev)
     # a threshold found by another scan is searched again (from the memoised evaluations): a record without one
@@ -351,12 +355,15 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
             for t in result["thresholds"]}
     executor = executor or LocalExecutor(desc="facts capacity")
     jobs = []
+    spills = on_this_machine(executor) and not executor.in_process  # a Ray task here writes as it goes
     for emb, A, N, R, s in search_units(cfg, seed):
         if (N, R, emb, s, A or N) in done:
             continue
         pool = f" A={A}" if A is not None else ""
-        jobs.append(Job(key=f"{emb}{pool} N={N} R={R} seed={s}", cost=N * R / 1e3, fn=_search_job(
-            N, R, emb, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result), attributes=A)))
+        key = f"{emb}{pool} N={N} R={R} seed={s}"
+        jobs.append(Job(key=key, cost=N * R / 1e3, fn=_search_job(
+            N, R, emb, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result), attributes=A,
+            spill=spill_file(run.path, key) if spills else None)))
 
     def on_result(job: Job, out: dict) -> None:
         merge_evaluations(memo, out["evaluations"])
@@ -366,8 +373,13 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
                                                  t["relations"], t["seed"]))
         result["summary"] = summarise_thresholds(result["thresholds"])
         run.write_result(result)
+        spill_file(run.path, job.key).unlink(missing_ok=True)  # its evaluations are in result.json now
 
+    if spills and jobs:
+        run.write_result(result)  # the folder is a run before the tasks' first evaluation: an export finds them
     executor.map(jobs, on_result)
+    if (run.path / SPILLS).is_dir():
+        shutil.rmtree(run.path / SPILLS)  # every search finished: what the stopped ones kept is in result.json
     result["summary"] = summarise_thresholds(result["thresholds"])
     from .plots import plot_capacity
 
