@@ -109,6 +109,13 @@ def authors_cap(part: str, n_facts: int) -> int | None:
     return SWEEP_MAX_CAUSALITY if part == "factual" and n_facts > LARGE_FILE else None
 
 
+def pages_row(name: str, row: dict) -> bool:
+    """Whether a row of the LRE run ``name`` was made with the page's settings for its relation: an
+    authors'-protocol row with the causality cap :func:`authors_cap` gives it (other runs: every row)."""
+    return not name.startswith("lre_authors_") or \
+        row.get("max_causality") == authors_cap(name.removeprefix("lre_authors_"), row["n_samples"])
+
+
 def _lre_args(folder: Path) -> list[str]:
     """The ``mechfact llm lre`` flags (beyond --model, --relations, --out) that rebuild ``folder``'s config."""
     from mechfact.llm.lre import LreConfig
@@ -325,8 +332,7 @@ def _part_status(out: Path, m: str, name: str) -> str:
         rels = []
         for f in folders:
             xs = (_read(f / "result.json") or {}).get("per_relation", [])
-            ok = [x for x in xs if not name.startswith("lre_authors_")
-                  or x.get("max_causality") == authors_cap(name.removeprefix("lre_authors_"), x["n_samples"])]
+            ok = [x for x in xs if pages_row(name, x)]
             rels.append([x["relation"] for x in ok])
             aside += len(xs) - len(ok)
         n, held = sum(map(len, rels)), set().union(*map(set, rels))

@@ -11,19 +11,19 @@ import numpy as np
 
 from mechfact.llm.lre import protocol_authors as lre_authors
 from mechfact.stats import format_p as _p
-from probes.families import COLORS, LRE_LAYER, MODELS, PARTS, PUBLISHED, TRIALS24, _read, authors_cap
+from probes.families import COLORS, LRE_LAYER, MODELS, PARTS, PUBLISHED, TRIALS24, _read, pages_row
 
 
 def _lre_rows(out: Path, m: str, kind: str = "authors") -> dict[str, dict]:
     """Rows of ``lre_<kind>_<part>`` and of its siblings ``lre_<kind>_<part>_*`` (one part split over several
     processes, each with its own --relation-names). Authors'-protocol rows only where their causality cap is the
-    page's for the relation (:func:`probes.families.authors_cap`): a row made otherwise is not read."""
+    page's for the relation (:func:`probes.families.pages_row`): a row made otherwise is not read."""
     rows = {}
     for part in PARTS:
         for folder in [out / m / f"lre_{kind}_{part}", *sorted((out / m).glob(f"lre_{kind}_{part}_*"))]:
             r = _read(folder / "result.json")
             rows.update({x["relation"]: {**x, "part": part} for x in (r or {}).get("per_relation", [])
-                         if kind != "authors" or x.get("max_causality") == authors_cap(part, x["n_samples"])})
+                         if pages_row(f"lre_{kind}_{part}", x)})
     return rows
 
 
