@@ -252,6 +252,36 @@ def read_spills(folder) -> dict:
     return got
 
 
+def read_spill(folder, key: str) -> dict:
+    """The evaluations the job ``key`` of the run in ``folder`` kept before it was stopped ({} where there are
+    none; an unreadable file is left out, its evaluations trained again)."""
+    from .runs import read_json
+
+    f = spill_file(folder, key)
+    if not f.is_file():
+        return {}
+    try:
+        return read_json(f)
+    except Exception:  # noqa: BLE001 -- a torn or foreign file
+        logger.warning("%s: unreadable, left out", f)
+        return {}
+
+
+def spills_here(executor) -> bool:
+    """Whether ``executor``'s searches keep their evaluations in spill files: tasks outside this process (the
+    in-process searches write the run's result.json themselves) that see this machine's run folders."""
+    return on_this_machine(executor) and not executor.in_process
+
+
+def clear_spills(folder) -> None:
+    """Every search of the run in ``folder`` finished: what stopped ones kept is in its result.json now."""
+    import shutil
+    from pathlib import Path
+
+    if (Path(folder) / SPILLS).is_dir():
+        shutil.rmtree(Path(folder) / SPILLS)
+
+
 def memo_job(executor, search: Callable[[dict, Any], Any], memo: dict, mine: Callable[[str], bool], key: str,
              on_eval=None, spill=None) -> Callable[[], dict]:
     """One memoised search as a job's function. In this process it shares the live ``memo`` (``on_eval`` runs after

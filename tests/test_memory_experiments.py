@@ -92,19 +92,24 @@ def test_capacity_result_is_deterministic_and_resumes(tmp_path, monkeypatch):
     assert calls == []
 
 
+def _dying_after(n: int, monkeypatch) -> list[int]:
+    """The solver killed after ``n`` evaluations; the p of each evaluation that finished."""
+    n_evals = []
+
+    def dying(problems, s, device):
+        if len(n_evals) == n:
+            raise Killed
+        n_evals.append(problems[0].p)
+        return REAL_SOLVE(problems, s, device)
+
+    monkeypatch.setattr(ex, "solve", dying)
+    return n_evals
+
+
 def test_capacity_mid_search_resume_uses_memo(tmp_path, monkeypatch):
     """Killing a bisection half-way keeps every finished evaluation."""
     cfg = ex.CapacityConfig(d=[10], seeds=1, solver=ex.SolverConfig(method="hebb"))
-    n_evals = []
-    real = REAL_SOLVE
-
-    def dying(problems, s, device):
-        if len(n_evals) == 3:
-            raise Killed
-        n_evals.append(problems[0].p)
-        return real(problems, s, device)
-
-    monkeypatch.setattr(ex, "solve", dying)
+    n_evals = _dying_after(3, monkeypatch)
     with pytest.raises(Killed):
         ex.run_capacity(cfg, tmp_path, device=CPU, executor=LocalExecutor(progress=False))
     memo = json.loads((tmp_path / "result.json").read_text())["evaluations"]
@@ -112,6 +117,30 @@ def test_capacity_mid_search_resume_uses_memo(tmp_path, monkeypatch):
     calls = _count_solves(monkeypatch)
     ex.run_capacity(cfg, tmp_path, device=CPU, executor=LocalExecutor(progress=False))
     assert not ({p for c in calls for (_, p, _) in c} & set(n_evals))
+
+
+def test_a_capacity_search_stopped_in_a_ray_task_resumes_from_its_spill_file(tmp_path, monkeypatch):
+    """A search running outside the driver (a Ray task) keeps its evaluations in its spill file after every round:
+    stopped half-way, the next run of the folder takes them (they are not solved again), gives the result of an
+    uninterrupted run byte for byte, and leaves no spill file behind."""
+    from mechfact import executor as E
+
+    class Remote:
+        in_process = False
+
+    cfg = ex.CapacityConfig(d=[10], seeds=1, solver=ex.SolverConfig(method="hebb"))
+    ex.run_capacity(cfg, tmp_path / "whole", device=CPU, executor=LocalExecutor(progress=False))
+    n_evals = _dying_after(3, monkeypatch)
+    run = tmp_path / "run"
+    job = ex._search_job(10, [0], cfg.solver, cfg, CPU, {}, Remote(), spill=E.spill_file(run, "d=10"))
+    with pytest.raises(Killed):
+        job()
+    assert sorted(E.read_spills(run)) == sorted(f"10,0,{p}" for p in n_evals)
+    calls = _count_solves(monkeypatch)
+    ex.run_capacity(cfg, run, device=CPU, executor=LocalExecutor(progress=False))
+    assert calls and not ({p for c in calls for (_, p, _) in c} & set(n_evals))
+    assert not (run / E.SPILLS).exists()
+    assert (run / "result.json").read_bytes() == (tmp_path / "whole" / "result.json").read_bytes()
 
 
 # ---- the paper's claims, at small scale ----------------------------------------------------

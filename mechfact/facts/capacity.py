@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import numpy as np
 import torch
 
 from ..config import DictConfig, check_choice, check_float, check_int, check_int_list, check_type
-from ..executor import (SPILLS, Executor, Job, LocalExecutor, memo_job, merge_evaluations, on_this_machine,
-                        read_spills, spill_file)
+from ..executor import (Executor, Job, LocalExecutor, clear_spills, memo_job, merge_evaluations, read_spills,
+                        spill_file, spills_here)
 from ..runs import RunDir
 from .model import EMBEDDINGS, FactModelConfig, build_fact_model
 from .spec import ModelSpec, _refuse_if_too_big, training_cost
@@ -355,7 +354,7 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
             for t in result["thresholds"]}
     executor = executor or LocalExecutor(desc="facts capacity")
     jobs = []
-    spills = on_this_machine(executor) and not executor.in_process  # a Ray task here writes as it goes
+    spills = spills_here(executor)  # a Ray task here writes as it goes
     for emb, A, N, R, s in search_units(cfg, seed):
         if (N, R, emb, s, A or N) in done:
             continue
@@ -378,8 +377,7 @@ def run_facts_capacity(cfg: FactsCapacityConfig, out: str | Path, *, device: tor
     if spills and jobs:
         run.write_result(result)  # the folder is a run before the tasks' first evaluation: an export finds them
     executor.map(jobs, on_result)
-    if (run.path / SPILLS).is_dir():
-        shutil.rmtree(run.path / SPILLS)  # every search finished: what the stopped ones kept is in result.json
+    clear_spills(run.path)  # every search finished: what the stopped ones kept is in result.json
     result["summary"] = summarise_thresholds(result["thresholds"])
     from .plots import plot_capacity
 

@@ -24,7 +24,8 @@ import torch
 from scipy import stats
 
 from ..config import DictConfig, bad, check_choice, check_int, check_type
-from ..executor import Executor, Job, LocalExecutor, memo_job, merge_evaluations
+from ..executor import (Executor, Job, LocalExecutor, clear_spills, memo_job, merge_evaluations, read_spill, spill_file,
+                        spills_here)
 from ..runs import RunDir
 from . import theory
 from .mechanism import ScoresConfig, SpectrumConfig, run_scores, run_spectrum
@@ -207,11 +208,20 @@ def fit_extrapolation(caps: list[dict]) -> dict:
 
 
 def _search_job(d: int, seeds: list[int], s: SolverConfig, cfg: CapacityConfig, device: torch.device,
-                memo: dict[str, bool], executor: Executor, on_eval=None):
-    """One capacity search as a job (:func:`mechfact.executor.memo_job`; the memo saved after every round)."""
+                memo: dict[str, bool], executor: Executor, on_eval=None, spill=None):
+    """One capacity search as a job (:func:`mechfact.executor.memo_job`; the memo saved after every round: in the
+    run's result.json in this process, in ``spill`` from a Ray task)."""
     prefixes = tuple(f"{d},{sd}," for sd in seeds)
     return memo_job(executor, lambda m, ev: capacity_search(d, seeds, s, cfg, device, m, on_eval=ev), memo,
-                    lambda k: k.startswith(prefixes), "records", on_eval)
+                    lambda k: k.startswith(prefixes), "records", on_eval, spill)
+
+
+def _spilled_job(run, key: str, memo: dict, spills: bool) -> Path | None:
+    """A search job's spill file where its tasks write one (:func:`mechfact.executor.spills_here`), after folding
+    into ``memo`` what an earlier, stopped task of the same job kept there."""
+    for k, v in read_spill(run.path, key).items():
+        memo.setdefault(k, v)
+    return spill_file(run.path, key) if spills else None
 
 
 def _merge_evaluations(memo: dict, out: dict) -> list[dict]:
@@ -231,12 +241,14 @@ def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, 
     done = {(c["d"], c["seed"]) for c in result["capacity"]}
     s = cfg.solver
     executor = executor or LocalExecutor(desc="memory capacity")
+    spills = spills_here(executor)
     jobs = []
     for d in cfg.d:
         todo = [seed + k for k in range(cfg.seeds) if (d, seed + k) not in done]
         if todo:
+            spill = _spilled_job(run, f"d={d}", memo, spills)
             jobs.append(Job(key=f"d={d}", cost=d**3 / 1e3, fn=_search_job(
-                d, todo, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result))))
+                d, todo, s, cfg, device, memo, executor, on_eval=lambda: run.write_result(result), spill=spill)))
 
     def on_result(job: Job, out: dict) -> None:
         recs = _merge_evaluations(memo, out)
@@ -244,8 +256,10 @@ def run_capacity(cfg: CapacityConfig, out: str | Path, *, device: torch.device, 
         result["capacity"].sort(key=lambda r: (r["d"], r["seed"]))
         result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
         run.write_result(result)
+        spill_file(run.path, job.key).unlink(missing_ok=True)  # its evaluations are in result.json now
 
     executor.map(jobs, on_result)
+    clear_spills(run.path)
     if result["capacity"]:
         result["summary"], result["extrapolation"] = summarise_capacity(result["capacity"])
     return run.finish(result, plots.plot_capacity, "fig_capacity.png", n_jobs_run=len(jobs))
@@ -295,6 +309,7 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
     result = run.read_result({"capacity": [], "summary": [], "evaluations": {}})
     done = {(c["d"], c["kappa"], c["seed"]) for c in result["capacity"]}
     executor = executor or LocalExecutor(desc="memory rank")
+    spills = spills_here(executor)
     jobs, memos = [], {}
     for kappa in cfg.kappas:
         s = SolverConfig(method="trained", problem=cfg.problem, kappa=kappa, train=cfg.train)
@@ -305,8 +320,10 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
             if todo:
                 key = f"kappa={kappa} d={d}"
                 memos[key] = memo
+                spill = _spilled_job(run, key, memo, spills)
                 jobs.append(Job(key=key, cost=kappa * d**3 / 1e3, fn=_search_job(
-                    d, todo, s, ccfg, device, memo, executor, on_eval=lambda: run.write_result(result))))
+                    d, todo, s, ccfg, device, memo, executor, on_eval=lambda: run.write_result(result),
+                    spill=spill)))
 
     def on_result(job: Job, out: dict) -> None:
         recs = _merge_evaluations(memos[job.key], out) if out else []
@@ -316,8 +333,11 @@ def run_rank(cfg: RankConfig, out: str | Path, *, device: torch.device, seed: in
         result["theory"] = [{"kappa": k, "alpha_c_dof": theory.alpha_c_rank_dof(k),
                              "alpha_c_energy": theory.alpha_c_rank_energy(k)} for k in cfg.kappas]
         run.write_result(result)
+        if out:
+            spill_file(run.path, job.key).unlink(missing_ok=True)
 
     executor.map(jobs, on_result)
+    clear_spills(run.path)
     if result["capacity"]:
         on_result(Job("final", lambda: None), {})
     return run.finish(result, plots.plot_rank, "fig_rank.png", n_jobs_run=len(jobs))
