@@ -23,6 +23,7 @@ with the settings :func:`part_plan` gives it (:func:`part_jobs`).
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -149,20 +150,27 @@ def part_plan(m: str, name: str, data: Path) -> dict[str, tuple[str, list[str]]]
     """The page's configuration of the LRE run ``name`` (``lre_authors_<part>``, ``lre_layers_<part>``,
     ``lre_trials24_<part>``) of model ``m``, relation by relation: relation -> (label of the folder it runs in
     when the part is split, its ``mechfact llm lre`` flags beyond --model, --relations, --relation-names)."""
-    from mechfact.llm.relations import load_relations
-
-    kind, part = name.removeprefix("lre_").split("_", 1)
-    rels = load_relations(str(data / part))
+    kind, _, part = name.removeprefix("lre_").partition("_")
+    if part not in PARTS or kind not in ("authors", "layers", "trials24"):
+        raise ValueError(f"{name}: not an LRE run of the page; allowed: lre_authors_<part>, lre_layers_<part>, "
+                         f"lre_trials24_<part> with <part> one of {', '.join(PARTS)}")
+    sizes = _file_sizes(str(data / part))
     if kind == "authors":
-        caps = {r.name: authors_cap(part, len(r.samples)) for r in rels}
+        caps = {n: authors_cap(part, k) for n, k in sizes.items()}
         return {n: ("capped", ["--max-causality", str(c)]) if c is not None else ("", []) for n, c in caps.items()}
     if kind == "layers":
         return {n: ("", ["--layers", SWEEP_LAYERS[m], "--max-causality", str(SWEEP_MAX_CAUSALITY)])
                 for n in SWEEP[part]}
-    if kind == "trials24":
-        return {r.name: ("", ["--trials", "24", "--max-causality", "0"]) for r in rels}
-    raise ValueError(f"{name}: not an LRE run of the page; allowed: lre_authors_<part>, lre_layers_<part>, "
-                     f"lre_trials24_<part> with <part> one of {', '.join(PARTS)}")
+    return {n: ("", ["--trials", "24", "--max-causality", "0"]) for n in sizes}
+
+
+@functools.lru_cache(maxsize=None)
+def _file_sizes(folder: str) -> dict[str, int]:
+    """Each relation file of the data folder ``folder``: its relation's name and number of facts (read once per
+    process: the plan and the jobs of every model and part ask for it)."""
+    from mechfact.llm.relations import load_relations
+
+    return {r.name: len(r.samples) for r in load_relations(folder)}
 
 
 def part_jobs(out: Path, m: str, name: str, data: Path) -> list[tuple[Path, list[str]]]:
@@ -175,10 +183,8 @@ def part_jobs(out: Path, m: str, name: str, data: Path) -> list[tuple[Path, list
     otherwise is not the page's and runs again); an unfinished folder resumes with its own config when every
     relation it still asks for takes its settings and no other folder holds or will run it; what is left goes to
     new folders (``name_2``, ``name_capped2``, ...)."""
-    from mechfact.llm.relations import load_relations
-
     plan, part = part_plan(m, name, data), name.removeprefix("lre_").split("_", 1)[1]
-    whole = [r.name for r in load_relations(str(data / part))]
+    whole = list(_file_sizes(str(data / part)))
     base = out / m / name
     lre = ["llm", "lre", "--model", m, "--relations", str(data / part)]
     folders = [f for f in [base, *sorted((out / m).glob(f"{name}_*"))] if (f / "config.json").is_file()]
