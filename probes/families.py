@@ -11,10 +11,14 @@ What it runs, per packaged model (``mechfact llm models``; install lines in the 
   relation files, 8 trials, fixed beta 2.25, rank chosen on training facts) at the middle layer, the causality
   edits of factual files above ``LARGE_FILE`` facts capped at ``SWEEP_MAX_CAUSALITY`` per trial; a layer
   sweep (``--layers``; faithfulness and edit layers chosen on training facts) on the relations of ``SWEEP``, its
-  causality edits capped at ``SWEEP_MAX_CAUSALITY`` per trial and layer (``--max-causality``);
+  causality edits capped at ``SWEEP_MAX_CAUSALITY`` per trial and layer (``--max-causality``); where
+  ``PLANNED`` lists the model and part: faithfulness alone at 24 trials (``lre_trials24_<part>``), and the
+  authors' edit-rank grid ``range(0, 320, 8)`` on the relations of ``SWEEP`` at the middle layer, with the same
+  edits as the authors'-protocol run (``lre_ranks_<part>``);
 * ``mechfact llm superposition`` on the shipped countries at every ``STRIDE``-th layer.
 
-Run folders: ``runs/fam/<model>/{probe,lre_authors_factual,lre_authors_linguistic,lre_layers_<part>,superposition}``.
+Run folders: ``runs/fam/<model>/{probe,lre_authors_<part>,lre_layers_<part>,lre_trials24_<part>,lre_ranks_<part>,
+superposition}``.
 Reruns skip finished runs (and a stopped run resumes relation by relation). Every number printed comes from
 these run folders; a part split over several processes (``lre_authors_<part>_*``, each with its own
 ``--relation-names``) is read as one, and ``--run`` finishes it without running a relation twice, each relation
@@ -42,6 +46,10 @@ STRIDE = {m: ",".join(map(str, PACKAGED[m].defaults.superposition_layers)) for m
 # Faithfulness-only runs at the paper's 24 trials (no edits: --max-causality 0), where every test fact's outcome
 # is kept for the per-relation paired tests against the constants: (model, part)
 TRIALS24 = (("smollm2-135m-instruct", "factual"),)
+# The authors' edit-rank grid (range(0, 320, 8): 40 ranks, about 7x the default grid's edits) on the sweep's
+# relations at the middle layer, with the authors'-protocol run's edits; on a CPU it fits SmolLM2: (model, part)
+RANK_GRID = (("smollm2-135m-instruct", "factual"), ("smollm2-135m-instruct", "linguistic"))
+PLANNED = {"trials24": TRIALS24, "ranks": RANK_GRID}  # LRE runs made on some (model, part) only
 SWEEP_MAX_CAUSALITY = 64  # the sweep's edits per trial and layer: edits are most of its cost on a known relation
 LRE_LAYER = {m: PACKAGED[m].defaults.lre_layer for m in MODELS}  # n_layers // 2, the default
 # The authors' LRE faithfulness (recall@1, in-context prompt) per relation for GPT-J and LLaMA-13B, as stored in
@@ -73,7 +81,7 @@ def run(out: Path, data: Path) -> None:
         jobs = [(out / m / "probe", ["llm", "probe", "--model", m, "--layers", "all", "--k-shot", "3",
                                       "--max-samples", "40"])]
         for name in [*(f"lre_{k}_{p}" for k in ("authors", "layers") for p in PARTS),
-                     *(f"lre_trials24_{p}" for mm, p in TRIALS24 if mm == m)]:
+                     *(f"lre_{k}_{p}" for k, runs in PLANNED.items() for mm, p in runs if mm == m)]:
             jobs += part_jobs(out, m, name, data)
         jobs.append((out / m / "superposition", ["llm", "superposition", "--model", m, "--layers", STRIDE[m]]))
         jobs.append((out / m / "superposition_words", ["llm", "superposition", "--model", m, "--layers", STRIDE[m],
@@ -112,9 +120,10 @@ def authors_cap(part: str, n_facts: int) -> int | None:
 
 def pages_row(name: str, row: dict) -> bool:
     """Whether a row of the LRE run ``name`` was made with the page's settings for its relation: an
-    authors'-protocol row with the causality cap :func:`authors_cap` gives it (other runs: every row)."""
-    return not name.startswith("lre_authors_") or \
-        row.get("max_causality") == authors_cap(name.removeprefix("lre_authors_"), row["n_samples"])
+    authors'-protocol or rank-grid row with the causality cap :func:`authors_cap` gives it (other runs: every
+    row)."""
+    kind, _, part = name.removeprefix("lre_").partition("_")
+    return kind not in ("authors", "ranks") or row.get("max_causality") == authors_cap(part, row["n_samples"])
 
 
 def _lre_args(folder: Path) -> list[str]:
@@ -148,12 +157,12 @@ def _flags(args: list[str]) -> dict[str, tuple[str, ...]]:
 
 def part_plan(m: str, name: str, data: Path) -> dict[str, tuple[str, list[str]]]:
     """The page's configuration of the LRE run ``name`` (``lre_authors_<part>``, ``lre_layers_<part>``,
-    ``lre_trials24_<part>``) of model ``m``, relation by relation: relation -> (label of the folder it runs in
+    ``lre_trials24_<part>``, ``lre_ranks_<part>``) of model ``m``, relation by relation: relation -> (label of the folder it runs in
     when the part is split, its ``mechfact llm lre`` flags beyond --model, --relations, --relation-names)."""
     kind, _, part = name.removeprefix("lre_").partition("_")
-    if part not in PARTS or kind not in ("authors", "layers", "trials24"):
+    if part not in PARTS or kind not in ("authors", "layers", *PLANNED):
         raise ValueError(f"{name}: not an LRE run of the page; allowed: lre_authors_<part>, lre_layers_<part>, "
-                         f"lre_trials24_<part> with <part> one of {', '.join(PARTS)}")
+                         f"lre_trials24_<part>, lre_ranks_<part> with <part> one of {', '.join(PARTS)}")
     sizes = _file_sizes(str(data / part))
     if kind == "authors":
         caps = {n: authors_cap(part, k) for n, k in sizes.items()}
@@ -161,6 +170,12 @@ def part_plan(m: str, name: str, data: Path) -> dict[str, tuple[str, list[str]]]
     if kind == "layers":
         return {n: ("", ["--layers", SWEEP_LAYERS[m], "--max-causality", str(SWEEP_MAX_CAUSALITY)])
                 for n in SWEEP[part]}
+    if kind == "ranks":  # the same edits as the authors'-protocol run, on the authors' rank grid
+        from mechfact.llm.lre.protocol_authors import AUTHORS_RANKS
+
+        grid = ["--ranks", ",".join(map(str, AUTHORS_RANKS))]
+        return {n: ("capped", [*grid, "--max-causality", str(c)]) if c is not None else ("", grid)
+                for n, c in ((n, authors_cap(part, sizes[n])) for n in SWEEP[part])}
     return {n: ("", ["--trials", "24", "--max-causality", "0"]) for n in sizes}
 
 
@@ -374,11 +389,12 @@ def _kept(folders: list[Path]) -> list[tuple[str, int, int]]:
 
 def runs_status(out: Path) -> str:
     """Which run folders exist: every table below says what it rests on."""
-    names = ["probe", *[f"lre_authors_{p}" for p in PARTS], *[f"lre_layers_{p}" for p in PARTS],
-             *dict.fromkeys(f"lre_trials24_{p}" for _, p in TRIALS24), *SUPERPOSITION_RUNS]
+    some = {f"lre_{k}_{p}": {m for m, pp in runs if pp == p} for k, runs in PLANNED.items() for _, p in runs}
+    names = ["probe", *[f"lre_authors_{p}" for p in PARTS], *[f"lre_layers_{p}" for p in PARTS], *some,
+             *SUPERPOSITION_RUNS]
     rows = ["| run | " + " | ".join(MODELS) + " |", "|---|" + "---|" * len(MODELS)]
     for n in names:
-        planned = {m for m, p in TRIALS24 if n == f"lre_trials24_{p}"} if n.startswith("lre_trials24_") else MODELS
+        planned = some.get(n, MODELS)
         rows.append(f"| {n} | " + " | ".join(_part_status(out, m, n) if m in planned else "not planned"
                                              for m in MODELS) + " |")
     return "\n".join(rows)

@@ -11,7 +11,7 @@ import numpy as np
 
 from mechfact.llm.lre import protocol_authors as lre_authors
 from mechfact.stats import format_p as _p
-from probes.families import COLORS, LRE_LAYER, MODELS, PARTS, PUBLISHED, TRIALS24, _read, pages_row
+from probes.families import COLORS, LRE_LAYER, MODELS, PARTS, PUBLISHED, RANK_GRID, TRIALS24, _read, pages_row
 
 
 def _lre_rows(out: Path, m: str, kind: str = "authors") -> dict[str, dict]:
@@ -362,3 +362,47 @@ def trials24_section(out: Path) -> str:
                          f"{', …' if len(toks) > 3 else ''}), {_ci(x, 'majority_baseline')}{deg}")
         rows.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(["\n".join(lines), "", *rows, "", paired_table(res), "", relation_tests_table(res)])
+
+
+def _best_rank(x: dict) -> str:
+    """The rank best on the scored test facts and its C (an upper bound: chosen on the facts it scores)."""
+    by = {int(k): v for k, v in (x.get("causality_by_rank") or {}).items() if v is not None}
+    if not by:
+        return "—"
+    k = max(by, key=lambda r: (by[r], -r))
+    return f"rank {k}: {by[k]:.2f}"
+
+
+def rank_grid_section(out: Path) -> str:
+    """The authors' edit-rank grid (:data:`probes.families.RANK_GRID` runs) beside the default grid of the
+    authors'-protocol run on the same relations, layer, trials and edits: C at the rank chosen on training facts on
+    each grid, the best-on-test upper bound of each, and the largest difference at the ranks both grids hold (0
+    where the two runs made the same edits)."""
+    rows = ["| relation | model | n | default grid (16, 32, 64, 128, 256, full): rank chosen on training facts: C "
+            "[95%] | best on test (upper bound) | authors' grid (0 to 312 by 8): rank chosen on training facts: C "
+            "[95%] | best on test (upper bound) | C, authors' minus default | largest difference at the ranks both "
+            "hold |", "|---|---|---|---|---|---|---|---|---|"]
+    n_rows = 0
+    for m, part in RANK_GRID:
+        grid, base = _lre_rows(out, m, "ranks"), _lre_rows(out, m, "authors")
+        for name, x in grid.items():
+            if x["part"] != part:
+                continue
+            a = base.get(name)
+            n_rows += 1
+            if x.get("causality") is None or a is None or a.get("causality") is None:
+                rows.append(f"| {name} | {m} | {x['n_known']}/{x['n_samples']} known | "
+                            + ("not scored | | | | | |" if a is None or a.get("causality") is None
+                               else "| | not scored | | | |"))
+                continue
+            cap = x.get("max_causality")
+            shared = sorted(set(x["causality_by_rank"]) & set(a["causality_by_rank"]), key=int)
+            diffs = [abs(x["causality_by_rank"][k] - a["causality_by_rank"][k]) for k in shared
+                     if x["causality_by_rank"][k] is not None and a["causality_by_rank"][k] is not None]
+            rows.append(f"| {name} | {m} | {x['n_test']}×{x['n_trials']}"
+                        f"{f', ≤{cap} edits/trial' if cap is not None else ''} | "
+                        f"rank {a['rank']}: {_ci(a, 'causality')} | {_best_rank(a)} | "
+                        f"rank {x['rank']}: {_ci(x, 'causality')} | {_best_rank(x)} | "
+                        f"{x['causality'] - a['causality']:+.2f} | "
+                        + (f"{max(diffs):.3f} (ranks {', '.join(shared)})" if diffs else "none shared") + " |")
+    return "\n".join(rows) if n_rows else "Not run yet (`--run` makes them)."

@@ -286,6 +286,51 @@ def test_run_plan_gives_each_relation_the_pages_settings_and_finishes_a_split_pa
         F.part_plan(m, "lre_probe_factual", data)
 
 
+def test_the_rank_grid_runs_make_the_authors_runs_edits_on_the_authors_grid_and_the_page_sets_them_side_by_side(
+        tmp_path, monkeypatch):
+    """lre_ranks_<part>: the sweep's relations, each with the causality cap of the authors'-protocol run (the same
+    edits) and the authors' grid range(0, 320, 8); the page sets C at the train-chosen rank of each grid side by
+    side with the best-on-test bounds, the difference and the largest difference at the ranks both grids hold. A
+    row made with another cap is not read; the runs table plans the part on the listed models only."""
+    from mechfact.llm.lre.protocol_authors import AUTHORS_RANKS
+    from probes import results_llm_lre as FL
+    from tests.llm_tiny import TINY_RELATIONS
+
+    data = tmp_path / "data"
+    big = [{"subject": f"s{i}", "object": "red"} for i in range(F.LARGE_FILE + 1)]
+    for part, names in (("factual", "ad"), ("linguistic", "x")):
+        (data / part).mkdir(parents=True)
+        for n in names:
+            rel = {**TINY_RELATIONS["tiny_colour"], "name": n, **({"samples": big} if n == "d" else {})}
+            (data / part / f"{n}.json").write_text(json.dumps(rel))
+    monkeypatch.setattr(F, "SWEEP", {"factual": ("a", "d"), "linguistic": ("x",)})
+    m, out = F.RANK_GRID[0][0], tmp_path / "runs"
+    grid = ["--ranks", ",".join(map(str, AUTHORS_RANKS))]
+    assert [(f.name, a[a.index("--relation-names") + 1:]) for f, a in F.part_jobs(out, m, "lre_ranks_factual",
+                                                                                  data)] == [
+        ("lre_ranks_factual", ["a", *grid]),
+        ("lre_ranks_factual_capped", ["d", *grid, "--max-causality", str(F.SWEEP_MAX_CAUSALITY)])]
+    base = {"relation": "a", "n_samples": 12, "n_known": 12, "n_test": 10, "n_trials": 8, "max_causality": None}
+    default = {16: 0.3, 32: 0.6, 64: 0.8, 128: 0.7, 256: 0.3, 576: 0.0}
+    authors = {**{r: 0.1 for r in AUTHORS_RANKS}, 16: 0.3, 32: 0.6, 56: 0.85, 64: 0.8, 128: 0.7, 256: 0.3}
+    for name, by, rank, ci in (("lre_authors_factual", default, 64, [0.7, 0.9]),
+                               ("lre_ranks_factual", authors, 56, [0.75, 0.95])):
+        row = {**base, "rank": rank, "causality": by[rank], "causality_ci": ci,
+               "causality_by_rank": {str(k): v for k, v in by.items()}}
+        capped = {**row, "relation": "d", "n_samples": F.LARGE_FILE + 1}  # uncapped: not the page's, not read
+        (out / m / name).mkdir(parents=True)
+        (out / m / name / "result.json").write_text(json.dumps({"per_relation": [row, capped]}))
+    text = FL.rank_grid_section(out)
+    assert (f"| a | {m} | 10×8 | rank 64: 0.80 [0.70, 0.90] | rank 64: 0.80 | rank 56: 0.85 [0.75, 0.95] | "
+            "rank 56: 0.85 | +0.05 | 0.000 (ranks 16, 32, 64, 128, 256) |") in text
+    assert "| d |" not in text
+    assert FL.rank_grid_section(tmp_path / "none") == "Not run yet (`--run` makes them)."
+    status = F.runs_status(out)
+    row = next(r for r in status.splitlines() if r.startswith("| lre_ranks_factual |"))
+    assert row == ("| lre_ranks_factual | partial (stopped or running; rerun --run to resume), 1 of 2 relations; 1 row "
+                   "made with another causality cap not read | not planned | not planned |")
+
+
 def test_run_has_nothing_left_to_run_on_the_shipped_lre_runs(tmp_path):
     """The shipped LRE runs are what --run makes: resumed from docs/runs/fam, the plan of every model's LRE runs
     has no job left, so every row the page reads was made with the settings --run gives its relation (needs the
@@ -300,6 +345,11 @@ def test_run_has_nothing_left_to_run_on_the_shipped_lre_runs(tmp_path):
                          *(f"lre_trials24_{p}" for mm, p in F.TRIALS24 if mm == m)]
             for f, argv in F.part_jobs(tmp_path, m, name, data)]
     assert left == []
+    # the rank-grid runs shipped so far (finished or not): every relation they hold or ask for with the plan's flags
+    for m, part in F.RANK_GRID:
+        plan = F.part_plan(m, f"lre_ranks_{part}", data)
+        for f in F._part_folders(tmp_path, m, f"lre_ranks_{part}"):
+            assert all(F._flags(F._lre_args(f)) == F._flags(plan[r][1]) for r in F._relation_names(f)), f
 
 
 def test_the_paired_test_says_an_lre_no_better_than_a_constant_does_not_beat_it():
