@@ -229,6 +229,8 @@ def write_doc(out: Path, path: Path) -> None:
               "(40 ranks) instead of the default 16, 32, 64, 128, 256 and the full rank. Either grid's rank is "
               "chosen on the training facts (leave-one-out edits); the best rank on the scored facts is an upper "
               "bound. Where both runs made the same edits, C at the ranks both grids hold is the same number. "
+              "Intervals draw trials, then subjects; \"(subjects)\": a row written before, drawing subjects alone "
+              "(narrower). "
               "On a CPU this runs on SmolLM2 only (about 7x the edits of the default grid).\n",
               rank_grid_section(out), "",
               "## Readout (the 14 shipped relations)\n", readout_table(out), "",

@@ -373,6 +373,11 @@ def _best_rank(x: dict) -> str:
     return f"rank {k}: {by[k]:.2f}"
 
 
+def _drawn(x: dict) -> str:
+    """" (subjects)" where a row's intervals draw subjects alone (written before they drew trials, then subjects)."""
+    return "" if x.get("intervals") == "trials+subjects" else " (subjects)"
+
+
 def rank_grid_section(out: Path) -> str:
     """The authors' edit-rank grid (:data:`probes.families.RANK_GRID` runs) beside the default grid of the
     authors'-protocol run on the same relations, layer, trials and edits: C at the rank chosen on training facts on
@@ -401,8 +406,8 @@ def rank_grid_section(out: Path) -> str:
                      if x["causality_by_rank"][k] is not None and a["causality_by_rank"][k] is not None]
             rows.append(f"| {name} | {m} | {x['n_test']}×{x['n_trials']}"
                         f"{f', ≤{cap} edits/trial' if cap is not None else ''} | "
-                        f"rank {a['rank']}: {_ci(a, 'causality')} | {_best_rank(a)} | "
-                        f"rank {x['rank']}: {_ci(x, 'causality')} | {_best_rank(x)} | "
+                        f"rank {a['rank']}: {_ci(a, 'causality')}{_drawn(a)} | {_best_rank(a)} | "
+                        f"rank {x['rank']}: {_ci(x, 'causality')}{_drawn(x)} | {_best_rank(x)} | "
                         f"{x['causality'] - a['causality']:+.2f} | "
                         + (f"{max(diffs):.3f} (ranks {', '.join(shared)})" if diffs else "none shared") + " |")
     return "\n".join(rows) if n_rows else "Not run yet (`--run` makes them)."

@@ -315,13 +315,14 @@ def test_the_rank_grid_runs_make_the_authors_runs_edits_on_the_authors_grid_and_
     authors = {**{r: 0.1 for r in AUTHORS_RANKS}, 16: 0.3, 32: 0.6, 56: 0.85, 64: 0.8, 128: 0.7, 256: 0.3}
     for name, by, rank, ci in (("lre_authors_factual", default, 64, [0.7, 0.9]),
                                ("lre_ranks_factual", authors, 56, [0.75, 0.95])):
-        row = {**base, "rank": rank, "causality": by[rank], "causality_ci": ci,
+        row = {**base, "rank": rank, "causality": by[rank], "causality_ci": ci, **(
+            {"intervals": "trials+subjects"} if name == "lre_ranks_factual" else {}),
                "causality_by_rank": {str(k): v for k, v in by.items()}}
         capped = {**row, "relation": "d", "n_samples": F.LARGE_FILE + 1}  # uncapped: not the page's, not read
         (out / m / name).mkdir(parents=True)
         (out / m / name / "result.json").write_text(json.dumps({"per_relation": [row, capped]}))
     text = FL.rank_grid_section(out)
-    assert (f"| a | {m} | 10×8 | rank 64: 0.80 [0.70, 0.90] | rank 64: 0.80 | rank 56: 0.85 [0.75, 0.95] | "
+    assert (f"| a | {m} | 10×8 | rank 64: 0.80 [0.70, 0.90] (subjects) | rank 64: 0.80 | rank 56: 0.85 [0.75, 0.95] | "
             "rank 56: 0.85 | +0.05 | 0.000 (ranks 16, 32, 64, 128, 256) |") in text
     assert "| d |" not in text
     assert FL.rank_grid_section(tmp_path / "none") == "Not run yet (`--run` makes them)."
