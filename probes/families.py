@@ -158,7 +158,8 @@ def _flags(args: list[str]) -> dict[str, tuple[str, ...]]:
 def part_plan(m: str, name: str, data: Path) -> dict[str, tuple[str, list[str]]]:
     """The page's configuration of the LRE run ``name`` (``lre_authors_<part>``, ``lre_layers_<part>``,
     ``lre_trials24_<part>``, ``lre_ranks_<part>``) of model ``m``, relation by relation: relation -> (label of the
-    folder it runs in when the part is split, its ``mechfact llm lre`` flags beyond --model, --relations, --relation-names)."""
+    folder it runs in when the part is split, its ``mechfact llm lre`` flags beyond --model, --relations,
+    --relation-names)."""
     kind, _, part = name.removeprefix("lre_").partition("_")
     if part not in PARTS or kind not in ("authors", "layers", *PLANNED):
         raise ValueError(f"{name}: not an LRE run of the page; allowed: lre_authors_<part>, lre_layers_<part>, "
