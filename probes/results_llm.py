@@ -293,6 +293,7 @@ def main(argv=None) -> None:
 
     def tables() -> str:
         return "\n\n".join([readout_table(out), *[lre_table(out, part) for part in PARTS], lre_sweep_table(out),
+                            rank_grid_section(out),
                             *[superposition_table(out, n) for n in SUPERPOSITION_RUNS]])
 
     study.finish(a, export, write_doc, tables=tables)

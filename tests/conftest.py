@@ -6,6 +6,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 
+@pytest.fixture
+def lre_data():
+    """The LRE authors' data folder (github evandez/relations, ``data/``: ``factual/`` and ``linguistic/``) named by
+    the environment variable ``MECHFACT_LRE_DATA``; a test that needs it skips, saying so, where it is not set or
+    not such a folder."""
+    from pathlib import Path
+
+    got = os.environ.get("MECHFACT_LRE_DATA")
+    if not got or not (Path(got) / "factual").is_dir() or not (Path(got) / "linguistic").is_dir():
+        pytest.skip("needs the LRE authors' data (github evandez/relations, data/): set MECHFACT_LRE_DATA to it"
+                    + (f" (MECHFACT_LRE_DATA={got} has no factual/ and linguistic/)" if got else ""))
+    return Path(got)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     from mechfact.seeding import seed_everything

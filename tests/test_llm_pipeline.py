@@ -246,16 +246,12 @@ def test_relation_in_memory_and_its_errors():
         Relation("r", ["{} is"], [("a", "x"), ("a", "y")], kind="many_to_one")
 
 
-def test_every_relation_file_of_the_lre_authors_loads():
-    """The 26 factual and 6 linguistic files of ../shared/data/lre load, every kind as declared (external data:
+def test_every_relation_file_of_the_lre_authors_loads(lre_data):
+    """The 26 factual and 6 linguistic files of the LRE authors' data load, every kind as declared (external data:
     skipped without it)."""
-    from pathlib import Path
-
     from mechfact.llm.relations import load_relations
 
-    root = Path(__file__).resolve().parents[2] / "shared" / "data" / "lre"
-    if not root.is_dir():
-        pytest.skip(f"{root} is absent (the LRE authors' data lives in the shared folder)")
+    root = lre_data
     for part in ("factual", "linguistic"):
         files = sorted((root / part).glob("*.json"))
         assert files, part

@@ -332,14 +332,13 @@ def test_the_rank_grid_runs_make_the_authors_runs_edits_on_the_authors_grid_and_
                    "made with another causality cap not read | not planned | not planned |")
 
 
-def test_run_has_nothing_left_to_run_on_the_shipped_lre_runs(tmp_path):
+def test_run_has_nothing_left_to_run_on_the_shipped_lre_runs(tmp_path, lre_data):
     """The shipped LRE runs are what --run makes: resumed from docs/runs/fam, the plan of every model's LRE runs
     has no job left, so every row the page reads was made with the settings --run gives its relation (needs the
     LRE authors' data, github evandez/relations: skipped without it)."""
-    root = Path(__file__).resolve().parents[1]
-    data = root.parent / "shared" / "data" / "lre"
-    if not (data / "factual").is_dir() or not (root / "docs/runs/fam").is_dir():
-        pytest.skip("the LRE authors' data or docs/runs/fam is absent")
+    root, data = Path(__file__).resolve().parents[1], lre_data
+    if not (root / "docs/runs/fam").is_dir():
+        pytest.skip("docs/runs/fam is absent")
     F.resume_shipped(root / "docs/runs/fam", tmp_path, data)
     left = [(f.relative_to(tmp_path), argv) for m in F.MODELS
             for name in [*(f"lre_{k}_{p}" for k in ("authors", "layers") for p in F.PARTS),
