@@ -221,6 +221,7 @@ def write_doc(src: Path, doc: Path, img: Path | None = None) -> None:
         *_budget_section(src, recs),
         *laws_section(recs, "2000-step"),
         *_width_section(src),
+        *_width_budget_section(src),
         "## 2. The mechanism at the threshold", "",
         "For each world and regime, a model trained at d = ceil(f d*) for f = 1, 1.5, 3 (d*: the median of "
         "section 1), then every probe: held-out superposition R^2 (subject embeddings as sums of attribute "
@@ -467,6 +468,69 @@ def _width_section(src: Path) -> list[str]:
         "(`frozen-input`: the A-way unembedding still learns, but with A outputs it has no per-subject column "
         "to store a fact in), and with both fixed (`frozen`). Per seed, median in brackets.", "",
         width_table(recs, top), "", *width_laws_section(recs)]
+
+
+WIDTH_BUDGETS = ("_8k_width",)  # m* parts at more steps than the 2000 of the _width parts
+
+
+def _width_budget_section(src: Path) -> list[str]:
+    """m* as a function of the step budget: per (N, R, A, embeddings) the 2000-step m* of every seed beside the same
+    world and seed at more steps (the ``pool_N*_8k_width`` parts); a seed's m* has converged for this schedule
+    where the two largest budgets give the same m* (a line saying it is not measured, without such a part)."""
+    from mechfact.runs import read_json
+
+    base, _ = pool_thresholds(src, "mlp-width", "_width")
+    ladder: dict[tuple, dict[int, dict]] = {}  # (N, R, A, embeddings, seed) -> {steps: record}
+    parts, tops = [], {}
+    for suffix in WIDTH_BUDGETS:
+        recs, names = pool_thresholds(src, "mlp-width", suffix)
+        parts += names
+        for name in names:
+            c = read_json(src / "capacity" / name / "config.json")["config"]
+            tops[c["train"]["steps"]] = max(c["grid"])
+            for t in recs:
+                if t["subjects"] in c["subjects"] and t["relations"] in c["relations"]:
+                    ladder.setdefault((t["subjects"], t["relations"], t["attributes"], t["embeddings"], t["seed"]),
+                                      {})[c["train"]["steps"]] = t
+    if not ladder:
+        return ["Whether m* has converged with the step budget is not measured yet (`pool_N256_R2-4_8k_width`, "
+                "under Not run here, runs the fixed-embedding regimes at 4x the steps).", ""]
+    for t in base:
+        key = (t["subjects"], t["relations"], t["attributes"], t["embeddings"], t["seed"])
+        if key in ladder:
+            ladder[key][2000] = t
+    budgets = sorted({b for v in ladder.values() for b in v})
+
+    def shown(t: dict | None, steps: int) -> str:
+        if t is None:
+            return "not run"
+        if t["threshold"] is None:
+            return f"> {tops.get(steps, '')}".strip()
+        return f"<= {t['threshold']}" if t.get("at_grid_min") else str(t["threshold"])
+
+    settings: dict[tuple, list] = {}
+    for (n, r, a, e, seed) in sorted(ladder):
+        settings.setdefault((n, r, a, e), []).append(seed)
+    lines = ["| N | R | A | embeddings | " + " | ".join(f"m* per seed, {b} steps" for b in budgets)
+             + " | the two largest budgets agree |", "|---|---|---|---|" + "---|" * (len(budgets) + 1)]
+    moved = same_all = 0
+    for (n, r, a, e), seeds in settings.items():
+        cells = [", ".join(shown(ladder[(n, r, a, e, s)].get(b), b) for s in seeds) for b in budgets]
+        lo, hi = budgets[-2:] if len(budgets) > 1 else (None, None)
+        pairs = [(ladder[(n, r, a, e, s)].get(lo), ladder[(n, r, a, e, s)].get(hi)) for s in seeds]
+        decided = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
+                   and y["threshold"] is not None and not x.get("at_grid_min") and not y.get("at_grid_min")]
+        same = sum(x["threshold"] == y["threshold"] for x, y in decided)
+        moved += len(decided) - same
+        same_all += same == len(seeds)
+        lines.append(f"| {n} | {r} | {a} | {e} | " + " | ".join(cells) + f" | {same} of {len(seeds)} seeds"
+                     + (f" ({len(seeds) - len(decided)} not decided)" if len(decided) < len(seeds) else "") + " |")
+    return ["m* and the step budget: `python -m synthetic.facts_study --out runs/facts --part "
+            f"{' '.join(parts)}`, the same worlds and seeds at {_and([f'{b // 2000}x' for b in budgets[1:]])} the "
+            "steps (the same warm-up and cosine schedule stretched, stopped at 99%; every width from the grid's "
+            "smallest in ascending order). `> g`: never reached within the grid; `<= g`: at its smallest value.", "",
+            *lines, "", f"{same_all} of {len(settings)} settings have converged (every seed's m* the same at the two "
+            f"largest budgets); {moved} seed threshold{'s' * (moved != 1)} moved.", ""]
 
 
 def _map_section(rows: list[dict]) -> list[str]:
