@@ -236,35 +236,33 @@ def spill_file(folder, key: str):
     return Path(folder) / SPILLS / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
 
+def _spilled(f) -> dict:
+    """One spill file's evaluations ({} for a torn or foreign file, left out: its evaluations are trained again)."""
+    from .runs import read_json
+
+    try:
+        return read_json(f)
+    except Exception:  # noqa: BLE001
+        logger.warning("%s: unreadable, left out", f)
+        return {}
+
+
 def read_spills(folder) -> dict:
     """The evaluations kept by the searches of the run in ``folder`` that did not finish (an unreadable file, one
     being replaced, left out)."""
     from pathlib import Path
 
-    from .runs import read_json
-
     got = {}
     for f in sorted((Path(folder) / SPILLS).glob("*.json")):
-        try:
-            got.update(read_json(f))
-        except Exception:  # noqa: BLE001 -- a torn or foreign file: its evaluations are trained again
-            logger.warning("%s: unreadable, left out", f)
+        got.update(_spilled(f))
     return got
 
 
 def read_spill(folder, key: str) -> dict:
     """The evaluations the job ``key`` of the run in ``folder`` kept before it was stopped ({} where there are
-    none; an unreadable file is left out, its evaluations trained again)."""
-    from .runs import read_json
-
+    none or the file is unreadable)."""
     f = spill_file(folder, key)
-    if not f.is_file():
-        return {}
-    try:
-        return read_json(f)
-    except Exception:  # noqa: BLE001 -- a torn or foreign file
-        logger.warning("%s: unreadable, left out", f)
-        return {}
+    return _spilled(f) if f.is_file() else {}
 
 
 def spills_here(executor) -> bool:
