@@ -325,6 +325,8 @@ def test_the_rank_grid_runs_make_the_authors_runs_edits_on_the_authors_grid_and_
     assert (f"| a | {m} | 10×8 | rank 64: 0.80 [0.70, 0.90] (subjects) | rank 64: 0.80 | rank 56: 0.85 [0.75, 0.95] | "
             "rank 56: 0.85 | +0.05 | 0.000 (ranks 16, 32, 64, 128, 256) |") in text
     assert "| d |" not in text
+    assert "The training facts choose the same rank on both grids on 0 of 1 relations; C at the chosen rank " \
+           "differs by at most 0.05." in text
     assert FL.rank_grid_section(tmp_path / "none") == "Not run yet (`--run` makes them)."
     status = F.runs_status(out)
     row = next(r for r in status.splitlines() if r.startswith("| lre_ranks_factual |"))
