@@ -138,8 +138,10 @@ def _estimate(src: Path) -> str:
         bij = "_AN" in p
         same = [q for q in done if kind(q)[0] == kind(p)[0] and on_cpu(done[q]) and ("_AN" in q) == bij]
         cost = ""
-        if p.endswith("_width"):
-            cost = _width_cost(p, src, [q for q in done if q.endswith("_width")])
+        if p.endswith("_width"):  # from the finished m* parts of its own budget, else from the 2000-step ones
+            widths = [q for q in done if q.endswith("_width")]
+            cost = _width_cost(p, src, [q for q in widths if kind(q)[0] == kind(p)[0]]
+                               or [q for q in widths if kind(q)[0] == "_width"])
         elif p.endswith("_asc"):
             cost = _ascending_cost(p, src, done)
         elif same:
