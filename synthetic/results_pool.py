@@ -331,6 +331,17 @@ def _and(xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
 
 
+def _compared(pairs: list, min_lo, min_hi) -> tuple[list, list]:
+    """A seed's thresholds at the two largest budgets, ``pairs`` of records (None: not run), split into those
+    compared as values (neither a bound at the grid's smallest value, per ``min_lo`` / ``min_hi``) and those that
+    moved although only a bound is known: reached at the grid's smallest value at the larger budget, below the
+    smaller budget's value. Any other pair is not decided."""
+    done = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
+            and y["threshold"] is not None and not min_lo(x)]
+    return ([(x, y) for x, y in done if not min_hi(y)],
+            [(x, y) for x, y in done if min_hi(y) and y["threshold"] < x["threshold"]])
+
+
 def _budget_section(src: Path, base: list[dict]) -> list[str]:
     """Section 1a: d* as a function of the step budget: the 2000-step d* of section 1 beside the same worlds and
     seeds at 4x and 16x the steps (the pool_N*_8k and pool_N*_32k parts); a seed's threshold has converged for
@@ -388,12 +399,7 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
             continue
         lo, hi = run[-2], run[-1]
         pairs = [(ladder[(n, r, a, s)].get(lo), ladder[(n, r, a, s)].get(hi)) for s in seeds]
-        decided = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
-                   and y["threshold"] is not None and not at_min(x, lo, n) and not at_min(y, hi, n)]
-        # a bound below the smaller budget's threshold (reached at the grid's smallest value, under it) has moved
-        below = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
-                 and not at_min(x, lo, n) and y["threshold"] is not None and at_min(y, hi, n)
-                 and y["threshold"] < x["threshold"]]
+        decided, below = _compared(pairs, lambda x: at_min(x, lo, n), lambda y: at_min(y, hi, n))
         same = sum(x["threshold"] == y["threshold"] for x, y in decided)
         known = len(decided) + len(below)
         agree = f"{lo} / {hi}: {same} of {len(seeds)} seeds" + ("" if known == len(seeds) else
@@ -518,13 +524,13 @@ def _width_budget_section(src: Path) -> list[str]:
         cells = [", ".join(shown(ladder[(n, r, a, e, s)].get(b), b) for s in seeds) for b in budgets]
         lo, hi = budgets[-2:] if len(budgets) > 1 else (None, None)
         pairs = [(ladder[(n, r, a, e, s)].get(lo), ladder[(n, r, a, e, s)].get(hi)) for s in seeds]
-        decided = [(x, y) for x, y in pairs if x is not None and y is not None and x["threshold"] is not None
-                   and y["threshold"] is not None and not x.get("at_grid_min") and not y.get("at_grid_min")]
+        decided, below = _compared(pairs, lambda x: bool(x.get("at_grid_min")), lambda y: bool(y.get("at_grid_min")))
         same = sum(x["threshold"] == y["threshold"] for x, y in decided)
-        moved += len(decided) - same
+        known = len(decided) + len(below)
+        moved += known - same
         same_all += same == len(seeds)
         lines.append(f"| {n} | {r} | {a} | {e} | " + " | ".join(cells) + f" | {same} of {len(seeds)} seeds"
-                     + (f" ({len(seeds) - len(decided)} not decided)" if len(decided) < len(seeds) else "") + " |")
+                     + (f" ({len(seeds) - known} not decided)" if known < len(seeds) else "") + " |")
     return ["m* and the step budget: `python -m synthetic.facts_study --out runs/facts --part "
             f"{' '.join(parts)}`, the same worlds and seeds at {_and([f'{b // 2000}x' for b in budgets[1:]])} the "
             "steps (the same warm-up and cosine schedule stretched, stopped at 99%; every width from the grid's "

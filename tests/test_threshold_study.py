@@ -93,8 +93,9 @@ def test_a_threshold_that_reached_below_the_smaller_budgets_at_the_grid_minimum_
 
 def test_the_width_budget_check_sets_each_seeds_m_star_beside_the_same_seed_at_more_steps(tmp_path):
     """m* and the step budget: per (N, R, A, embeddings) each seed's 2000-step m* beside its m* at 8000 steps; a
-    setting has converged where every seed's m* is the same at the two budgets; a seed at the grid's smallest
-    width is not decided; without a budget part the page says that convergence is not measured."""
+    setting has converged where every seed's m* is the same at the two budgets; a seed that reached at the grid's
+    smallest width, below its 2000-step m*, has moved (as in the d* check); without a budget part the page says
+    that convergence is not measured."""
     assert "not measured yet" in "\n".join(P._width_budget_section(tmp_path))
     rec = {"relations": 2, "attributes": 16, "subjects": 256, "searched": "mlp-width"}
     for name, steps, rows in (
@@ -110,9 +111,9 @@ def test_the_width_budget_check_sets_each_seeds_m_star_beside_the_same_seed_at_m
             "grid": [2, 4, 8, 16, 32, 64], "subjects": [256], "relations": [2], "train": {"steps": steps}}}))
     text = "\n".join(P._width_budget_section(tmp_path))
     assert "| 256 | 2 | 16 | frozen | 32, 32 | 32, 32 | 2 of 2 seeds |" in text
-    assert "| 256 | 2 | 16 | frozen-input | 32, 64 | <= 2, 32 | 0 of 2 seeds (1 not decided) |" in text
-    assert "1 of 2 settings have converged (every seed's m* the same at the two largest budgets); 1 seed " \
-           "threshold moved." in text
+    assert "| 256 | 2 | 16 | frozen-input | 32, 64 | <= 2, 32 | 0 of 2 seeds |" in text
+    assert "1 of 2 settings have converged (every seed's m* the same at the two largest budgets); 2 seed " \
+           "thresholds moved." in text
     assert "--part pool_N256_R2-4_8k_width`" in text
 
 
