@@ -267,20 +267,22 @@ def tests_table(out: Path) -> str:
 
 
 def corruptions(out: Path) -> str:
-    """The last subject token's state peak under the two corruptions, each with its interval over draws."""
-    from mechfact.probes.trace_tests import MIN_RELATIONS, draws, peak
+    """The last subject token's state peak under the two corruptions, each with its interval over draws, and per
+    model with both runs the pre-stated test of :data:`mechfact.probes.trace_tests.CORRUPTION_RULE`."""
+    from mechfact.probes.trace_tests import CORRUPTION_RULE, MIN_RELATIONS, compare_corruptions, draws, peak
 
     def name(layer: int):
         return "emb" if layer == -1 else layer
 
-    lines = []
+    lines, tests = [], []
     for m in MODELS:
-        said = []
+        said, states = [], []
         for corruption in ("noise", "replace"):
             _, kinds, _ = _analysis(out, m, corruption)
             t = kinds.get("state")
             if t is None:
                 continue
+            states.append(t)
             p = peak(t, "last_subject", draws(t.relations, seed=0))
             n_rel = len(set(t.relations))
             spread = (f"no interval: fewer than {MIN_RELATIONS} relations" if n_rel < MIN_RELATIONS else
@@ -290,6 +292,21 @@ def corruptions(out: Path) -> str:
                         f"relation{'s' if n_rel != 1 else ''})")
         if said:
             lines.append(f"- {_label(m)}: the last subject token's state peaks at " + "; ".join(said) + ".")
+        if len(states) == 2:
+            x = compare_corruptions(*states)
+            ci = x["ci"]
+            val = f"{x['value']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci[0] is not None else
+                                          f" (no interval: fewer than {MIN_RELATIONS} shared relations)")
+            tests.append(f"| {_label(m)} | {x['n_facts']['noise']} / {x['n_facts']['replace']} facts, "
+                         f"{x['n_relations']} relations | layer {name(x['layers']['noise'])} / "
+                         f"{name(x['layers']['replace'])} | {val} | {x['verdict']} |")
+    _, claim, statistic, side, thr = CORRUPTION_RULE
+    if tests:
+        lines += ["", f"Test: {claim}. Statistic: {statistic}. Rule: holds when the interval lies {side} "
+                  f"[{thr[0]}, {thr[1]}], does not when it lies wholly outside, else undecided. The rule was written "
+                  "after SmolLM2-135M-Instruct's two peak layers were seen and before any other model's "
+                  "replace traces ran.", "", "| model | noise / replace, shared | peak layer, noise / replace | "
+                  "depth difference [95%] | verdict |", "|---|---|---|---|---|", *tests]
     return "\n".join(lines)
 
 

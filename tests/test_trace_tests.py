@@ -141,6 +141,39 @@ def test_the_peak_layer_is_a_distribution_over_relation_resamples():
     assert p["layer_ci"][0] <= 7 and p["layer_ci"][1] >= 12 and sum(p["share"].values()) == pytest.approx(1)
 
 
+def _state(peaks: list[int], n_facts=6, seed=0, name="rel") -> T.Traces:
+    """State traces whose relation ``r`` peaks at the last subject token at layer ``peaks[r]``."""
+    rows = []
+    for r, layer in enumerate(peaks):
+        rows += [{**x, "relation": f"{name}{r}"} for x in _rows({"state": {"last_subject": _bump(layer, 0.3)}},
+                                                                 n_rel=1, n_facts=n_facts, seed=seed + r)]
+    return T.Traces.from_rows(rows, "state", L)
+
+
+def test_the_two_corruptions_are_compared_on_relations_drawn_together():
+    """The noise / replace test: the same peak -> holds; peaks far apart -> does not; relations that disagree among
+    themselves but alike under both corruptions -> holds, because each draw takes the same relations for both runs
+    (independent draws of the two runs would mix different relations and leave the test undecided); a relation
+    only one run traced is left out; fewer than the minimum of shared relations give no interval."""
+    same = T.compare_corruptions(_state([8] * 8), _state([8] * 8 + [2], n_facts=4, seed=9), n_boot=400)
+    assert same["value"] == 0 and same["ci"] == [0, 0] and same["verdict"] == "holds"
+    assert same["n_relations"] == 8 and same["n_facts"] == {"noise": 48, "replace": 32}
+    far = T.compare_corruptions(_state([4] * 8), _state([15] * 8, seed=5), n_boot=400)
+    assert far["layers"] == {"noise": 4, "replace": 15} and far["value"] == pytest.approx(11 / L)
+    assert far["ci"][0] > 0.1 and far["verdict"] == "does not"
+    mixed = [5, 5, 5, 5, 13, 13, 13]  # relation-dependent peaks, alike under both corruptions (odd: no ties)
+    paired = T.compare_corruptions(_state(mixed), _state(mixed, seed=3), n_boot=400)
+    assert paired["ci"] == [0, 0] and paired["verdict"] == "holds"
+    a, b = _state(mixed), _state(mixed, seed=3)
+    ia, ib = T.draws(a.relations, 400, seed=0), T.draws(b.relations, 400, seed=1)  # unpaired: undecided
+    diff = T.peak_layers(b, "last_subject", ib)[1] - T.peak_layers(a, "last_subject", ia)[1]
+    assert T.verdict(T._interval(diff / L), "inside", T.CORRUPTION_RULE[4]) == "undecided"
+    few = T.compare_corruptions(_state([8] * 3), _state([8] * 3), n_boot=50)
+    assert few["ci"] == [None, None] and few["verdict"] == "undecided"
+    with pytest.raises(ValueError, match="share no relation"):
+        T.compare_corruptions(_state([8] * 6), _state([8] * 6, name="other"), n_boot=50)
+
+
 def test_verdict_rules():
     assert T.verdict([0.2, 0.5], "inside", (0.15, 0.55)) == "holds"
     assert T.verdict([0.0, 0.1], "inside", (0.15, 0.55)) == "does not"

@@ -53,6 +53,13 @@ VARIANTS = {
     "mlp_no0": ("mlp_depth_no0", "the same, window w with MLP 0 excluded", "peak depth of the MLP-0-excluded curve "
                 "at the last subject token, 95% interval over draws", "inside", (0.15, 0.55)),
 }
+# The two corruptions compared: whether Gaussian noise on the subject's embeddings and the subject swapped for another
+# of the same token length (Zhang & Nanda 2024) put the last subject token's state peak at the same depth. Written
+# after SmolLM2's two point estimates were seen (layers 9 and 11 of 30), before any other model's replace traces ran.
+CORRUPTION_RULE = ("corruptions", "noise and subject replacement put the last subject token's state peak at the same "
+                   "depth, within a tenth of the depth", "peak depth under replace minus peak depth under noise "
+                   "(state, last subject token), the same relations drawn for both runs, 95% interval over draws",
+                   "inside", (-0.1, 0.1))
 MIN_RELATIONS = 5  # fewer relations than this: no interval (a resample of 2-4 clusters has few distinct draws)
 # The MLP-0 check: an MLP "peak" that vanishes when MLP 0 is never restored is MLP 0's detokenisation under
 # embedding noise, not a mid-layer store. Flagged when the MLP-0-excluded peak keeps less than half of the MLP peak.
@@ -93,6 +100,12 @@ class Traces:
             return None
         return cls(np.stack(ie), tuple(rel), layers, n_layers)
 
+    def subset(self, relations) -> "Traces":
+        """The facts of ``relations`` only, in the same order."""
+        keep = set(relations)
+        rows = [i for i, r in enumerate(self.relations) if r in keep]
+        return Traces(self.ie[rows], tuple(self.relations[i] for i in rows), self.layers, self.n_layers)
+
     def align(self, other: "Traces") -> None:
         if self.relations != other.relations:
             raise ValueError("paired statistics need the same facts in the same order in both kinds")
@@ -126,6 +139,23 @@ def draws(relations, n_boot: int = N_BOOT, seed: int = 0) -> list[np.ndarray]:
     return [np.concatenate([groups[g] for g in rng.integers(0, len(groups), len(groups))]) for _ in range(n_boot)]
 
 
+def paired_draws(a, b, n_boot: int = N_BOOT, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Relation-clustered resamples of two runs drawn together: per draw the relations both runs traced, drawn
+    with replacement, and each run's fact indices of those relations (``a`` and ``b``: a relation label per fact).
+    A statistic comparing the runs is then paired over relations although their facts differ."""
+    common = [r for r in dict.fromkeys(a) if r in set(b)]
+    if not common:
+        raise ValueError("paired draws need relations that both runs traced; they share none")
+    ga, gb = ({r: np.flatnonzero(np.asarray(x) == r) for r in common} for x in (a, b))
+    rng = np.random.default_rng(seed)
+    ia, ib = [], []
+    for _ in range(n_boot):
+        pick = [common[k] for k in rng.integers(0, len(common), len(common))]
+        ia.append(np.concatenate([ga[r] for r in pick]))
+        ib.append(np.concatenate([gb[r] for r in pick]))
+    return ia, ib
+
+
 def n_clusters(relations) -> int:
     return len(set(relations))
 
@@ -153,14 +183,22 @@ def curve(t: Traces, bucket: str, idx: list[np.ndarray]) -> list[dict]:
     return [{"layer": l, "aie": float(full[k]), "aie_ci": _interval(boots[:, k])} for k, l in enumerate(t.layers)]
 
 
+def peak_layers(t: Traces, bucket: str, idx: list[np.ndarray], cols: list[int] | None = None) -> tuple[int, np.ndarray]:
+    """(the full-data peak layer of a bucket's curve, the peak layer in every draw), over the curve's columns
+    ``cols`` (default all; -1 is the embedding)."""
+    full, boots = _curves(t, bucket, idx)
+    cols = list(range(len(t.layers))) if cols is None else cols
+    lay = np.array(t.layers)[cols]
+    return int(lay[int(np.nanargmax(full[cols]))]), lay[np.nanargmax(boots[:, cols], 1)]
+
+
 def peak(t: Traces, bucket: str, idx: list[np.ndarray], layers: tuple[int, ...] | None = None) -> dict:
     """The peak layer of a bucket's curve as a distribution over draws: the full-data peak, the draws' mode, the
     95% interval of the peak layer and of its depth (layer / n_layers; the embedding counts as 0), the share of
     draws at each layer; and the peak AIE with its interval (a best-of-layers value in every draw)."""
     full, boots = _curves(t, bucket, idx)
     cols = [k for k, l in enumerate(t.layers) if layers is None or l in layers]
-    lay = np.array(t.layers)[cols]
-    at = lay[np.nanargmax(boots[:, cols], 1)]
+    at = peak_layers(t, bucket, idx, cols)[1]
     vals, counts = np.unique(at, return_counts=True)
     share = {int(v): float(c / len(at)) for v, c in zip(vals, counts)}
     k = cols[int(np.nanargmax(full[cols]))]
@@ -265,5 +303,30 @@ def decide(kinds: dict[str, Traces], n_layers: int, *, n_boot: int = N_BOOT, see
     return out
 
 
-__all__ = ["RULES", "VARIANTS", "MLP0_RULE", "MIN_RELATIONS", "merged_no0", "Traces", "draws", "curve", "peak",
-           "peak_values", "early_mean", "verdict", "decide", "early_layers"]
+def compare_corruptions(noise: Traces, replace: Traces, *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """:data:`CORRUPTION_RULE` on one model's state traces under the two corruptions, on the relations both traced:
+    the peak depth of the last subject token's state curve under replace minus under noise, its 95% interval from
+    :func:`paired_draws` (no interval below :data:`MIN_RELATIONS` shared relations) and the verdict; with each
+    run's peak layer and its facts."""
+    common = [r for r in dict.fromkeys(noise.relations) if r in set(replace.relations)]
+    if not common:
+        raise ValueError("the two corruptions' runs share no relation: nothing to compare")
+    a, b = noise.subset(common), replace.subset(common)
+    ia, ib = paired_draws(a.relations, b.relations, n_boot, seed)
+    (la, da), (lb, db) = peak_layers(a, "last_subject", ia), peak_layers(b, "last_subject", ib)
+    _, claim, statistic, side, thr = CORRUPTION_RULE
+
+    def depth(x):  # the embedding (-1) counts as depth 0, as in :func:`peak`
+        return np.maximum(x, 0) / a.n_layers
+
+    ci = _interval(depth(db) - depth(da)) if len(common) >= MIN_RELATIONS else [None, None]
+    return {"claim": claim, "statistic": statistic, "rule": f"{side} {thr}",
+            "value": float(depth(np.array(lb)) - depth(np.array(la))), "ci": ci, "verdict": verdict(ci, side, thr),
+            "layers": {"noise": la, "replace": lb}, "n_facts": {"noise": int(a.ie.shape[0]),
+                                                                 "replace": int(b.ie.shape[0])},
+            "n_relations": len(common), "n_draws": n_boot}
+
+
+__all__ = ["RULES", "VARIANTS", "MLP0_RULE", "CORRUPTION_RULE", "MIN_RELATIONS", "merged_no0", "Traces", "draws",
+           "paired_draws", "curve", "peak", "peak_layers", "peak_values", "early_mean", "verdict", "decide",
+           "compare_corruptions", "early_layers"]
