@@ -113,6 +113,18 @@ PARTS: dict[str, list[str]] = {
                                 "attributes", "--grid", "3", "4", "5", "6", "7", "--scan", "ascending", "--steps",
                                 str(steps), *COS, "--seed", "3", "--seeds", "2"]
        for k, steps in (("8k", 8000), ("32k", 32000))},
+    # the 8000-step budget at every other setting of N = 256 (R = 2-16; A = 16, 64, N), 5 seeds, on the grids the
+    # ladder above uses at the same R (R = 4: ascending 3-7; R = 8: bisection over 8, 10, 12) and, at R = 2 and 16,
+    # ascending scans from about half the 2000-step d*
+    **{f"pool_N256{tag}_8k": ["capacity", "--subjects", "256", "--relations", r, "--attributes", *a, "--outputs",
+                              "attributes", "--grid", *grid, *scan, "--steps", "8000", *COS, "--seeds", "5"]
+       for tag, r, a, grid, scan in (
+           ("_R2", "2", ("16", "64", "256"), "1 2 3 4".split(), ("--scan", "ascending")),
+           ("_A16_R4", "4", ("16",), "3 4 5 6 7".split(), ("--scan", "ascending")),
+           ("_AN_R4", "4", ("256",), "3 4 5 6 7".split(), ("--scan", "ascending")),
+           ("_A16_R8", "8", ("16",), "8 10 12".split(), ()),
+           ("_AN_R8", "8", ("256",), "8 10 12".split(), ()),
+           ("_R16", "16", ("16", "64", "256"), "12 14 16 18 20 22 24 28".split(), ("--scan", "ascending")))},
     # seeds 3 and 4 at the other 2000-step settings of N <= 1024 (R = 2-16; A = 16, 64 and N), and seed 2 at
     # N = 1024, A = N (pool_N1024_AN has 2), so that every setting there has 5 seeds
     **{f"pool_N{N}{tag}": ["capacity", "--subjects", str(N), "--relations", *rs, "--attributes", a, "--outputs",
