@@ -324,11 +324,11 @@ def _scan_section(src: Path, base: list[dict]) -> list[str]:
     return lines + [""]
 
 
-BUDGETS = ("_8k", "_32k", "_128k")
+BUDGETS = ("_8k", "_32k", "_128k")  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
 
 
 def _and(xs: list[str]) -> str:
-    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
 
 def _compared(pairs: list, min_lo, min_hi) -> tuple[list, list]:
@@ -440,8 +440,8 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
              f"(N = {n}, R = {r})" for b, by_n in sorted(grids.items()) for (n, r), (g, sc) in sorted(by_n.items())]
     return ["### The step budget", "",
             f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the same worlds and seeds "
-            f"with {_and([f'{b // 2000}x' for b in budgets[1:]])} the steps (the same warm-up and cosine schedule stretched, still stopped at 99%), on "
-            "grids that start below the 2000-step thresholds (" + "; ".join(scans) + "). `<= g`: reached at the "
+            f"with {_and([f'{b // 2000}x' for b in budgets[1:]])} the steps (the same warm-up and cosine schedule "
+            "stretched, still stopped at 99%), on grids that start below the 2000-step thresholds (" + "; ".join(scans) + "). `<= g`: reached at the "
             "grid's smallest value (the threshold is at most g); `> g`: never reached. A threshold has converged "
             "for this schedule where the two largest budgets give the same d*.", "",
             *lines, "", *[f"- {v}." for v in verdicts], *ratios, ""]
