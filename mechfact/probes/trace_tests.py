@@ -186,7 +186,11 @@ def curve(t: Traces, bucket: str, idx: list[np.ndarray]) -> list[dict]:
 def peak_layers(t: Traces, bucket: str, idx: list[np.ndarray], cols: list[int] | None = None) -> tuple[int, np.ndarray]:
     """(the full-data peak layer of a bucket's curve, the peak layer in every draw), over the curve's columns
     ``cols`` (default all; -1 is the embedding)."""
-    full, boots = _curves(t, bucket, idx)
+    return _peak_at(t, *_curves(t, bucket, idx), cols)
+
+
+def _peak_at(t: Traces, full: np.ndarray, boots: np.ndarray, cols: list[int] | None) -> tuple[int, np.ndarray]:
+    """:func:`peak_layers` from a bucket's curves already computed (:func:`_curves`)."""
     cols = list(range(len(t.layers))) if cols is None else cols
     lay = np.array(t.layers)[cols]
     return int(lay[int(np.nanargmax(full[cols]))]), lay[np.nanargmax(boots[:, cols], 1)]
@@ -198,7 +202,7 @@ def peak(t: Traces, bucket: str, idx: list[np.ndarray], layers: tuple[int, ...] 
     draws at each layer; and the peak AIE with its interval (a best-of-layers value in every draw)."""
     full, boots = _curves(t, bucket, idx)
     cols = [k for k, l in enumerate(t.layers) if layers is None or l in layers]
-    at = peak_layers(t, bucket, idx, cols)[1]
+    at = _peak_at(t, full, boots, cols)[1]  # the draws' curves computed once
     vals, counts = np.unique(at, return_counts=True)
     share = {int(v): float(c / len(at)) for v, c in zip(vals, counts)}
     k = cols[int(np.nanargmax(full[cols]))]
