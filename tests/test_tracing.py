@@ -286,6 +286,49 @@ def test_a_trace_stopped_after_its_screening_resumes_without_screening_again(tin
     assert len(calls) == 4
 
 
+def test_a_resumed_noise_trace_refuses_a_screen_that_changes_its_noise_scale(tiny_llama, tmp_path, monkeypatch,
+                                                                          one_thread):
+    """One run, one noise scale: the scale comes from every known fact's subject embeddings, so a screen that
+    changed under a stopped run (copied in, edited) would trace the remaining rows at another scale and pool them
+    with the first; the resumed run refuses, naming both scales, instead of mixing them."""
+    import json
+
+    from mechfact.llm import trace as T
+
+    lm, rels = tiny_llama
+    rel = T.load_sources([str(rels)], ["tiny_colour"])[0]
+    first = [lm.tokenizer.encode(" " + o, add_special_tokens=False)[0] for o in rel.objects]
+    monkeypatch.setattr(T, "predictions", lambda model, ps, batch_size=16: torch.tensor(first))
+    cfg = T.TraceConfig(relations=[str(rels)], relation_names=["tiny_colour"], kinds=["state", "mlp"],
+                        max_facts=2, n_draws=2, known="prefix")
+    row = T._trace_row
+
+    def state_only(lm_, name, kind, *a, **k):
+        if kind != "state":
+            raise RuntimeError("stopped")
+        return row(lm_, name, kind, *a, **k)
+
+    monkeypatch.setattr(T, "_trace_row", state_only)
+    with pytest.raises(RuntimeError, match="stopped"):
+        T.run_llm_trace(cfg, tmp_path / "t", lm=lm)
+    kept = json.loads((tmp_path / "t" / "result.json").read_text())
+    known = [i for i, ok in enumerate(T.knows(lm.tokenizer, torch.tensor(first), rel.objects, "prefix")) if ok]
+    assert [r["kind"] for r in kept["per_relation"]] == ["state"] and kept["noise_facts"] == len(known) > 2
+    monkeypatch.setattr(T, "_trace_row", row)
+    screen = json.loads((tmp_path / "t" / T.SCREEN).read_text())
+    i = known[-1]  # one known fact now answered with another object's first token
+    screen["top1"]["tiny_colour"][i] = next(t for t in first if t != first[i])
+    (tmp_path / "t" / T.SCREEN).write_text(json.dumps(screen))
+    with pytest.raises(ValueError, match=rf"1 traced rows used the noise scale {kept['noise']:.6g} \(from "
+                                         rf"{len(known)} known facts\).*now gives .* \(from {len(known) - 1}\)"):
+        T.run_llm_trace(cfg, tmp_path / "t", lm=lm)
+    assert json.loads((tmp_path / "t" / "result.json").read_text()) == kept  # nothing written at the other scale
+    screen["top1"]["tiny_colour"][i] = first[i]  # the screen the row was traced on: the run resumes
+    (tmp_path / "t" / T.SCREEN).write_text(json.dumps(screen))
+    res = T.run_llm_trace(cfg, tmp_path / "t", lm=lm)
+    assert [r["kind"] for r in res["per_relation"]] == ["state", "mlp"] and res["noise"] == kept["noise"]
+
+
 @pytest.mark.slow
 def test_trace_run_on_the_default_model_finds_the_published_pattern_and_resumes(tmp_path):
     """SmolLM2 on known capitals: restoring the last subject token's state works in early-middle layers and the

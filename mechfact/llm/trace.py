@@ -15,6 +15,7 @@ none is left out of that corruption and counted.
 from __future__ import annotations
 
 import functools
+import math
 import logging
 import sys
 from dataclasses import dataclass
@@ -323,6 +324,12 @@ def run_llm_trace(cfg: TraceConfig, out: str | Path, *, device="cpu", seed: int 
                               "noise_facts": len(all_known) if noise is not None else None,
                               "config": cfg.to_dict(), "per_relation": [], "pooled": {}})
     done = {(r["relation"], r["kind"]) for r in result["per_relation"]}
+    if done and noise is not None and result.get("noise") is not None \
+            and not math.isclose(noise, result["noise"], rel_tol=1e-6):
+        # one run, one noise scale: rows traced at another scale would be pooled as if they were comparable
+        raise ValueError(f"{out}: its {len(done)} traced rows used the noise scale {result['noise']:.6g} (from "
+                         f"{result.get('noise_facts')} known facts); the screen there now gives {noise:.6g} (from "
+                         f"{len(all_known)}): trace into a new folder, or restore the screen the rows were traced on")
     order = {(rel.name, k): i for i, (rel, k) in enumerate((rel, k) for rel in rels for k in cfg.kind_list)}
     jobs = {rel.name: (queries, counts, [k for k in cfg.kind_list if (rel.name, k) not in done])
             for rel, queries, counts in todo}
