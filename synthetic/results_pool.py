@@ -349,7 +349,7 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
     from mechfact.runs import read_json
 
     ladder: dict[tuple, dict[int, dict]] = {}  # (N, R, A, seed) -> {steps: record}
-    grids: dict[int, dict[int, list]] = {}  # steps -> {N: grid}
+    grids: dict[int, dict[tuple, tuple]] = {}  # steps -> {(N, R, A): (grid, scan)}
     parts = []
     for suffix in BUDGETS:
         recs, names = pool_thresholds(src, "d", suffix)
@@ -358,10 +358,11 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
             c = read_json(src / "capacity" / name / "config.json")["config"]
             n = int(name.split("_")[1][1:])  # pool_N<N>[_R<R>]<suffix>
             rs = set(c.get("relations") or [t["relations"] for t in recs if t["subjects"] == n])
+            as_ = set(c.get("attributes") or [t["attributes"] for t in recs])  # this part's settings only
             for t in recs:
-                if t["subjects"] == n and t["relations"] in rs:
-                    grids.setdefault(c["train"]["steps"], {})[(n, t["relations"])] = (c["grid"],
-                                                                                      c.get("scan", "bisect"))
+                if t["subjects"] == n and t["relations"] in rs and t["attributes"] in as_:
+                    grids.setdefault(c["train"]["steps"], {})[(n, t["relations"], t["attributes"])] = (
+                        c["grid"], c.get("scan", "bisect"))
                     ladder.setdefault((t["subjects"], t["relations"], t["attributes"], t["seed"]), {})[
                         c["train"]["steps"]] = t
     if not ladder:
@@ -372,15 +373,18 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
             ladder[key][2000] = t
     budgets = sorted({b for v in ladder.values() for b in v} | {2000})
 
+    def grid_of(t: dict, steps: int, n: int) -> list:
+        return grids.get(steps, {}).get((n, t["relations"], t["attributes"]), ([], ""))[0]
+
     def at_min(t: dict, steps: int, n: int) -> bool:  # reached at the grid's smallest value: d* <= it
-        grid = grids.get(steps, {}).get((n, t["relations"]), ([], ""))[0]
+        grid = grid_of(t, steps, n)
         return bool(t.get("at_grid_min")) or (t["threshold"] is not None and bool(grid)
                                                and t["threshold"] == min(grid))
 
     def shown(t: dict | None, steps: int, n: int) -> str:
         if t is None:
             return "not run"
-        grid = grids.get(steps, {}).get((n, t["relations"]), ([], ""))[0]
+        grid = grid_of(t, steps, n)
         if t["threshold"] is None:
             return f"> {max(grid)}" if grid else "not reached"
         return f"<= {t['threshold']}" if at_min(t, steps, n) else str(t["threshold"])
@@ -436,8 +440,13 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
                     f"{math.log(n2) / math.log(n1):.2f} (N^{math.log(math.log(n2) / math.log(n1)) / k:.2f} over this "
                     "range).")
 
-    scans = [f"{b} steps: {'ascending scan' if sc == 'ascending' else 'bisection'} over {', '.join(map(str, g))} "
-             f"(N = {n}, R = {r})" for b, by_n in sorted(grids.items()) for (n, r), (g, sc) in sorted(by_n.items())]
+    scans = {}  # (steps, grid, scan) -> {(N, R): [A]}: one clause per grid, naming the settings that ran it
+    for b, by in grids.items():
+        for (n, r, a), (g, sc) in by.items():
+            scans.setdefault((b, tuple(g), sc), {}).setdefault((n, r), []).append(a)
+    scans = [f"{b} steps: {'ascending scan' if sc == 'ascending' else 'bisection'} over {', '.join(map(str, g))} ("
+             + "; ".join(f"N = {n}, R = {r}, A = {', '.join(map(str, sorted(a)))}" for (n, r), a in sorted(by.items()))
+             + ")" for (b, g, sc), by in sorted(scans.items())]
     return ["### The step budget", "",
             f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the same worlds and seeds "
             f"with {_and([f'{b // 2000}x' for b in budgets[1:]])} the steps (the same warm-up and cosine schedule "

@@ -91,6 +91,25 @@ def test_a_threshold_that_reached_below_the_smaller_budgets_at_the_grid_minimum_
            "power of N: >= N^0.24, >= N^0.27); R ln N predicts 1.25" in text
 
 
+def test_each_settings_bound_at_the_grid_minimum_is_read_on_its_own_parts_grid(tmp_path):
+    """Two budget parts at the same N and R but other A, on other grids: a threshold equal to one grid's smallest
+    value is a bound there and an exact value on the other grid, whichever part was read last; the scans say
+    which settings ran which grid."""
+    for name, a, grid, scan in (("pool_N256_A16_R8_8k", 16, [5, 6, 7, 8, 9, 10], "ascending"),
+                                ("pool_N256_8k", 64, [8, 10, 12], "bisect")):
+        (tmp_path / "capacity" / name).mkdir(parents=True)
+        (tmp_path / "capacity" / name / "result.json").write_text(json.dumps({"thresholds": [
+            {"subjects": 256, "relations": 8, "attributes": a, "embeddings": "trainable", "searched": "d",
+             "seed": s, "threshold": 8} for s in range(2)]}))
+        (tmp_path / "capacity" / name / "config.json").write_text(json.dumps({"config": {
+            "grid": grid, "scan": scan, "relations": [8], "attributes": [a], "train": {"steps": 8000}}}))
+    text = "\n".join(P._budget_section(tmp_path, []))
+    assert "| 256 | 8 | 16 | not run, not run | 8, 8 | one budget |" in text
+    assert "| 256 | 8 | 64 | not run, not run | <= 8, <= 8 | one budget |" in text
+    assert "8000 steps: ascending scan over 5, 6, 7, 8, 9, 10 (N = 256, R = 8, A = 16)" in text
+    assert "8000 steps: bisection over 8, 10, 12 (N = 256, R = 8, A = 64)" in text
+
+
 def test_the_width_budget_check_sets_each_seeds_m_star_beside_the_same_seed_at_more_steps(tmp_path):
     """m* and the step budget: per (N, R, A, embeddings) each seed's 2000-step m* beside its m* at 8000 steps; a
     setting has converged where every seed's m* is the same at the two budgets; a seed that reached at the grid's
