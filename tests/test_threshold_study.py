@@ -218,7 +218,8 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
     assert "- N = 256, R = 4, A = 16: not converged" not in page
     assert ("- N = 256, R = 4, A = 16: not decided: 1 of 2 seeds agree between 8000 and 32000 steps (d* 5 at 32000), 1 "
             "not decided") in page
-    assert "8000 steps: bisection over 4, 5 (N = 256, R = 4); 32000 steps: ascending scan over 3, 4, 5 (N = 256, R = 4)" in page
+    assert ("8000 steps: bisection over 4, 5 (N = 256, R = 4, A = 16); 32000 steps: ascending scan over 3, 4, 5 (N = 256, "
+            "R = 4, A = 16)") in page
     s256, s4096 = (int(PARTS[p][PARTS[p].index("--seeds") + 1]) for p in ("pool_N256", "pool_N4096"))
     assert f"- `pool_N4096`: about {1800 * 16 * s4096 / s256 / 3600:.1f} CPU hours" in page
     # a part of other relations, pools and seeds scales by each: N = 16384 at R = 2, 4, A = 16, 64 (3 seeds) from
