@@ -144,6 +144,8 @@ def _estimate(src: Path) -> str:
                                or [q for q in widths if kind(q)[0] == "_width"])
         elif p.endswith("_asc"):
             cost = _ascending_cost(p, src, done)
+        elif kind(p)[0] in ("_8k", "_32k", "_128k"):
+            cost = _budget_cost(p, src, done)
         elif same:
             base = max(same, key=lambda q: (kind(q)[1], size(q)))
             n0, n1 = kind(base)[1], kind(p)[1]
@@ -175,6 +177,57 @@ def _cpu_s(meta: dict) -> float:
     """A finished part's CPU-seconds on one thread (an upper bound): its wall time times the jobs it ran at once
     (``workers`` in its meta.json; a part from before it was recorded counts as one job at a time)."""
     return meta["wall_time_s"] * meta.get("workers", 1)
+
+
+def _budget_cost(part: str, src: Path, done: dict) -> str:
+    """A budget part's CPU hours on one thread: its evaluations, each a model trained for the part's steps on N R
+    facts, at the median CPU-seconds per 10^9 facts x steps trained of the finished CPU parts (those of A = N for
+    an A = N part: its output layer grows with N). An ascending scan trains every grid value up to the seed's
+    threshold at the largest smaller budget run (the whole grid where none is known), a bisection log2 of the grid;
+    thresholds fall with the budget, so the count is an upper bound, as is the full budget for the reaching one."""
+    from mechfact.commands.facts import capacity_config
+    from mechfact.facts.capacity import parse_eval_key, search_units
+    from mechfact.runs import read_json
+    from synthetic.facts_study import part_command
+
+    a = part_command(part)
+    cfg = capacity_config(a)
+    steps, grid, an = cfg.train.steps, sorted(cfg.grid), "_AN" in part
+    before: dict[tuple, tuple] = {}  # (N, R, A, seed) -> (steps, threshold) at the largest smaller budget run
+    rates = []
+    for q, meta in done.items():
+        if not (src / "capacity" / q / "result.json").is_file():
+            continue
+        res, conf = read_json(src / "capacity" / q / "result.json"), src / "capacity" / q / "config.json"
+        n_steps = (read_json(conf)["config"] if conf.is_file() else {}).get("train", {}).get("steps", 2000)
+        for t in res["thresholds"]:
+            key = (t["subjects"], t["relations"], t["attributes"], t["seed"])
+            if t.get("searched", "d") == "d" and t["embeddings"] == "trainable" and n_steps < steps \
+                    and n_steps > before.get(key, (0, None))[0]:
+                before[key] = (n_steps, t["threshold"])
+        trained = sum(k["N"] * k["R"] * ev["steps"] for k, ev in
+                      ((parse_eval_key(k), ev) for k, ev in res.get("evaluations", {}).items()) if ev.get("steps"))
+        if trained and on_cpu(meta) and ("_AN" in q) == an:
+            rates.append(_cpu_s(meta) / trained)
+    if not rates:
+        return ""
+    evals = unknown = work = 0
+    for emb, A, n, r, s in search_units(cfg, a.seed):
+        if cfg.scan == "ascending":
+            t = before.get((n, r, A, s), (0, None))[1]
+            unknown += t is None
+            k = len(grid) if t is None else min(len(grid), sum(g < t for g in grid) + 1)
+        else:
+            k = math.ceil(math.log2(len(grid) + 1))
+        evals += k
+        work += k * n * r * steps
+    rate = statistics.median(rates)
+    hours = work * rate / 3600
+    return (f"about {hours:.1f} CPU hours on one thread in all ({evals} evaluations of {steps} steps"
+            + (f", each grid value up to the seed's threshold at the largest smaller budget run"
+               + (f" ({unknown} without one: the whole grid)" if unknown else "") if cfg.scan == "ascending" else "")
+            + f"; at {rate * 1e9:.0f} s per 10^9 facts x steps trained, the median of {len(rates)} finished CPU "
+            f"parts{' of A = N' if an else ''}: an upper bound where thresholds fall with the budget)")
 
 
 def _ascending_cost(part: str, src: Path, done: dict) -> str:

@@ -239,6 +239,35 @@ def test_the_pool_page_tabulates_m_star_per_embedding_regime_and_estimates_what_
             "took 20 CPU-min") in PE._estimate(src)
 
 
+def test_a_budget_part_is_costed_by_the_evaluations_its_scan_will_train(tmp_path):
+    """A budget part not run: an ascending scan trains each grid value up to the seed's threshold at the largest
+    smaller budget run (the whole grid where none is known), each N R facts for the part's steps, at the measured
+    CPU-seconds per fact-step of the finished parts - not the cost of another N's part scaled by N, which missed an
+    R = 16 scan by 4x. pool_N256_R2_32k: R = 2, A = 16, 64, 256, 5 seeds, ascending over 1, 2, 3, 4."""
+    base = {"subjects": 256, "relations": 2, "embeddings": "trainable", "searched": "d"}
+    for name, steps, t in (("pool_N256_R2", 2000, 4), ("pool_N256_R2_8k", 8000, 3)):
+        part = tmp_path / "capacity" / name
+        part.mkdir(parents=True)
+        recs = [{**base, "attributes": a, "seed": s, "threshold": t} for a in (16, 64, 256) for s in range(5)
+                if (a, s) != (256, 4) or steps == 2000]  # A = 256, seed 4: no 8000-step threshold
+        recs[0]["threshold"] = None if steps == 8000 else t  # never reached at 8000 steps: the whole grid
+        evs = {f"N=256 R=2 A=16 emb=trainable d={d} m=64 seed=0": {"accuracy": 0.5, "steps": steps} for d in (1, 2)}
+        (part / "result.json").write_text(json.dumps({"thresholds": recs, "evaluations": evs}))
+        (part / "config.json").write_text(json.dumps({"config": {"train": {"steps": steps}}}))
+        (part / "meta.json").write_text(json.dumps({"wall_time_s": 1000.0 if steps == 8000 else 250.0}))
+    done = {q: json.loads((tmp_path / "capacity" / q / "meta.json").read_text())
+            for q in ("pool_N256_R2", "pool_N256_R2_8k")}
+    # seed 4 at A = 256 falls back to its 2000-step threshold 4 (4 values), seed 0 at A = 16 to the whole grid (4),
+    # the other 13 units to 8000 steps' 3 (values 1 and 2, then 3): 13 x 3 + 4 + 4 = 47 evaluations
+    rate = 1000 / (256 * 2 * 8000 * 2)  # both parts: 1000 s and 250 s over 2 x 256 x 2 x steps -> the same rate
+    text = PE._budget_cost("pool_N256_R2_32k", tmp_path, done)
+    assert text.startswith(f"about {47 * 256 * 2 * 32000 * rate / 3600:.1f} CPU hours on one thread in all (47 "
+                           "evaluations of 32000 steps, each grid value up to the seed's threshold at the largest "
+                           "smaller budget run (1 without one: the whole grid); at ")
+    assert f"at {rate * 1e9:.0f} s per 10^9 facts x steps trained, the median of 2 finished CPU parts:" in text
+    assert PE._budget_cost("pool_N256_R2_32k", tmp_path, {}) == ""  # nothing timed: no estimate
+
+
 def test_a_setting_in_two_pool_parts_is_read_once_preferring_the_one_that_reached(tmp_path):
     """pool_N4096 and pool_N4096_A64 share the A = 64 settings: the page takes each (N, R, A, seed) once, the record
     with a threshold over one that never reached within its (smaller) grid; parts of other names are not read."""
