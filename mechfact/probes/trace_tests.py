@@ -130,13 +130,9 @@ def merged_no0(row: dict, rows: list[dict]) -> dict:
 
 
 def draws(relations, n_boot: int = N_BOOT, seed: int = 0) -> list[np.ndarray]:
-    """Relation-clustered resamples: per draw, the fact indices of relations drawn with replacement."""
-    labels: dict[str, list[int]] = {}
-    for i, r in enumerate(relations):
-        labels.setdefault(r, []).append(i)
-    groups = [np.array(v) for v in labels.values()]
-    rng = np.random.default_rng(seed)
-    return [np.concatenate([groups[g] for g in rng.integers(0, len(groups), len(groups))]) for _ in range(n_boot)]
+    """Relation-clustered resamples: per draw, the fact indices of relations drawn with replacement (one run's
+    :func:`paired_draws` with itself)."""
+    return paired_draws(relations, relations, n_boot, seed)[0]
 
 
 def paired_draws(a, b, n_boot: int = N_BOOT, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
