@@ -115,16 +115,36 @@ PARTS: dict[str, list[str]] = {
        for k, steps in (("8k", 8000), ("32k", 32000))},
     # the 8000-step budget at every other setting of N = 256 (R = 2-16; A = 16, 64, N), 5 seeds, on the grids the
     # ladder above uses at the same R (R = 4: ascending 3-7; R = 8: bisection over 8, 10, 12) and, at R = 2 and 16,
-    # ascending scans from about half the 2000-step d*
-    **{f"pool_N256{tag}_8k": ["capacity", "--subjects", "256", "--relations", r, "--attributes", *a, "--outputs",
-                              "attributes", "--grid", *grid, *scan, "--steps", "8000", *COS, "--seeds", "5"]
+    # ascending scans from about half the 2000-step d*; at R = 8, A = 16 (4 of 5 seeds reached d = 8, the bisection's
+    # smallest) an ascending scan from 5; then the same settings at 32000 steps, so that 8000 and 32000 can agree
+    **{f"pool_N256{tag}_{k}": ["capacity", "--subjects", "256", "--relations", r, "--attributes", *a, "--outputs",
+                               "attributes", "--grid", *grid, *scan, "--steps", str(steps), *COS, "--seeds", "5"]
+       for k, steps in (("8k", 8000), ("32k", 32000))
        for tag, r, a, grid, scan in (
            ("_R2", "2", ("16", "64", "256"), "1 2 3 4".split(), ("--scan", "ascending")),
            ("_A16_R4", "4", ("16",), "3 4 5 6 7".split(), ("--scan", "ascending")),
            ("_AN_R4", "4", ("256",), "3 4 5 6 7".split(), ("--scan", "ascending")),
-           ("_A16_R8", "8", ("16",), "8 10 12".split(), ()),
-           ("_AN_R8", "8", ("256",), "8 10 12".split(), ()),
+           ("_A16_R8", "8", ("16",), "5 6 7 8 9 10 12".split(), ("--scan", "ascending")),
+           ("_AN_R8", "8", ("256",), ("8 10 12" if k == "8k" else "6 7 8 9 10 12").split(),
+            () if k == "8k" else ("--scan", "ascending")),
            ("_R16", "16", ("16", "64", "256"), "12 14 16 18 20 22 24 28".split(), ("--scan", "ascending")))},
+    # the same ladder at N = 1024 (R = 2, 4, 16: A = 16, 64, N; R = 8: A = 16, N, beside pool_N1024_8k's A = 64; 5
+    # seeds) and N = 4096 (A = 16, 64; R = 8: A = 16, beside pool_N4096_8k's A = 64; 3 seeds), at 8000 and 32000
+    # steps, ascending scans from about half the 2000-step d*
+    **{f"pool_N{N}{tag}_{k}": ["capacity", "--subjects", str(N), "--relations", r, "--attributes", *a, "--outputs",
+                               "attributes", "--grid", *grid.split(), "--scan", "ascending", "--steps", str(steps),
+                               *COS, "--seeds", "5" if N == 1024 else "3"]
+       for k, steps in (("8k", 8000), ("32k", 32000))
+       for N, tag, r, a, grid in (
+           (1024, "_R2", "2", ("16", "64", "1024"), "2 3 4 5 6"),
+           (1024, "_R4", "4", ("16", "64", "1024"), "4 5 6 7 8 9 10 12"),
+           (1024, "_A16_R8", "8", ("16",), "8 10 12 14 16 18 20"),
+           (1024, "_AN_R8", "8", ("1024",), "10 12 14 16 18 20 24"),
+           (1024, "_R16", "16", ("16", "64", "1024"), "16 20 24 28 32 36 40 48"),
+           (4096, "_R2", "2", ("16", "64"), "2 3 4 5 6"),
+           (4096, "_R4", "4", ("16", "64"), "5 6 7 8 9 10 12 14"),
+           (4096, "_A16_R8", "8", ("16",), "10 12 14 16 18 20"),
+           (4096, "_R16", "16", ("16", "64"), "24 28 32 36 40 48 56 64"))},
     # seeds 3 and 4 at the other 2000-step settings of N <= 1024 (R = 2-16; A = 16, 64 and N), and seed 2 at
     # N = 1024, A = N (pool_N1024_AN has 2), so that every setting there has 5 seeds
     **{f"pool_N{N}{tag}": ["capacity", "--subjects", str(N), "--relations", *rs, "--attributes", a, "--outputs",
