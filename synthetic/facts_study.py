@@ -208,12 +208,16 @@ PARTS: dict[str, list[str]] = {
            ("pool_N256_s2_width", 256, 11, ["2", "4", "8", "16"], ["--seed", "2", "--seeds", "1"]),
            ("pool_N1024_R2_s2_width", 1024, 13, ["2"], ["--seed", "2", "--seeds", "1"]),
            ("pool_N1024_R4_s2_width", 1024, 13, ["4"], ["--seed", "2", "--seeds", "1"]))},
-    # m* at 4x the steps (the same schedule stretched): the fixed-embedding regimes at N = 256, R = 2 and 4, every
-    # pool, 3 seeds, every width from 2 in ascending order; where m*(8000) = m*(2000) the threshold has converged
-    "pool_N256_R2-4_8k_width": [
-        "capacity", "--subjects", "256", "--relations", "2", "4", "--attributes", "16", "64", "256", "--outputs",
+    # m* at 4x the steps (the same schedule stretched): the fixed-embedding regimes, every pool, 3 seeds, every
+    # width from 2 in ascending order; where m*(8000) = m*(2000) the threshold has converged. N = 256 at R = 2 and 4
+    # (run here), then R = 8 and 16, and N = 1024 at R = 2 and 4 (costed on the pool page)
+    **{name: [
+        "capacity", "--subjects", str(N), "--relations", *rs, "--attributes", "16", "64", str(A), "--outputs",
         "attributes", "--embeddings", "frozen-input", "frozen", "--search", "mlp-width", "--scan", "ascending", "--d",
-        "16", "--grid", *(str(2**i) for i in range(1, 12)), "--steps", "8000", *COS, "--seeds", "3"],
+        "16", "--grid", *(str(2**i) for i in range(1, top + 1)), "--steps", "8000", *COS, "--seeds", "3"]
+       for name, N, A, top, rs in (("pool_N256_R2-4_8k_width", 256, 256, 11, ["2", "4"]),
+                                   ("pool_N256_R8-16_8k_width", 256, 256, 11, ["8", "16"]),
+                                   ("pool_N1024_R2-4_8k_width", 1024, 256, 13, ["2", "4"]))},
     # multi-hop, direct vs chain of thought (defaults: N=32, R=4, d=16, width 32, learned attention)
     **{f"multihop_seed{s}": ["multihop", "--seed", str(s)] for s in range(3)},
     # multi-hop as d grows, k = 1..4, R = 4: N = 64 here (N R^4 = 16,384 direct chains), N = 1024 (262,144) for a

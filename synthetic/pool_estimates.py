@@ -140,8 +140,9 @@ def _estimate(src: Path) -> str:
         cost = ""
         if p.endswith("_width"):  # from the finished m* parts of its own budget, else from the 2000-step ones
             widths = [q for q in done if q.endswith("_width")]
-            cost = _width_cost(p, src, [q for q in widths if kind(q)[0] == kind(p)[0]]
-                               or [q for q in widths if kind(q)[0] == "_width"])
+            base = [q for q in widths if kind(q)[0] == "_width"]  # the 2000-step m* parts
+            cost = _width_cost(p, src, [q for q in widths if kind(q)[0] == kind(p)[0]] or base,
+                               [q for q in base if kind(p)[0] != "_width"])
         elif p.endswith("_asc"):
             cost = _ascending_cost(p, src, done)
         elif kind(p)[0] in ("_8k", "_32k", "_128k"):
@@ -262,13 +263,14 @@ def _ascending_cost(part: str, src: Path, done: dict) -> str:
             f"the {per:.1f} s each of {base})")
 
 
-def _width_cost(part: str, src: Path, finished: list[str]) -> str:
+def _width_cost(part: str, src: Path, finished: list[str], fallback: list[str] = ()) -> str:
     """An m* part's CPU hours on one thread, and the memory its widest model needs: each setting's search over the
     part's grid (its scan: bisection, or every width in ascending order) run to a predicted m* (the finished width
     parts' median m* of the same R, A and embeddings at their largest N, scaled by N, as m* grows with N R; above
     the grid when that one never reached), every evaluation at its full budget and at the cost per fact, MLP unit
     and step measured over the evaluations of the finished parts at the largest N (their wall time over the sum of
-    N R m steps). "" without a finished width part."""
+    N R m steps). ``fallback``: finished parts (of another budget) whose m* stands in for a setting that
+    ``finished`` lacks. "" without a finished width part."""
     import re
 
     from mechfact.facts.capacity import parse_eval_key, scan_grid
@@ -288,24 +290,25 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
             for key, ev in res.get("evaluations", {}).items():
                 f = parse_eval_key(key)
                 work += f["N"] * f["R"] * f["m"] * ev["steps"]
-        for t in res["thresholds"]:
-            k = (t["relations"], t["attributes"], t["embeddings"])
-            if best.get(k, (0,))[0] < t["subjects"]:
-                best[k] = (t["subjects"], [])
-            if best[k][0] == t["subjects"]:
-                best[k][1].append(t["threshold"])
+        _largest_n(best, res["thresholds"])
+    stand_in: dict[tuple, tuple[int, list]] = {}
+    for q in fallback:
+        _largest_n(stand_in, read_json(src / "capacity" / q / "result.json")["thresholds"])
+    borrowed = sorted({k for k in stand_in if k not in best})
+    best.update({k: stand_in[k] for k in borrowed})
     if not work:
         return ""
     rate = wall / work  # seconds per fact, MLP unit and step
     cmd = part_command(part)
     grid = sorted(set(cmd.grid))
-    seconds, guessed = 0.0, 0
+    seconds, guessed, used = 0.0, 0, set()
     for n in cmd.subjects:
         for r in cmd.relations:
             for a in cmd.attributes:
                 for e in cmd.embeddings:
                     if (r, a, e) in best:
                         n0, ts = best[(r, a, e)]
+                        used |= {(r, a, e)} & set(borrowed)
                         m = math.inf if None in ts else statistics.median(ts) * n / n0
                     else:
                         m, guessed = grid[-1], guessed + 1
@@ -326,9 +329,20 @@ def _width_cost(part: str, src: Path, finished: list[str]) -> str:
             f"{'scan' if cmd.scan == 'ascending' else 'bisection'} to the m* of "
             f"{', '.join(finished)} at the same R and A scaled by N, every evaluation at its full budget at "
             f"{rate * 1e9:.2f} s per 10^9 facts x MLP units x steps, measured over {', '.join(timed)}"
+            + (f"; {len(used)} settings' m* from {', '.join(fallback)}, at fewer steps" if used else "")
             + (f"; {guessed} settings with no measured m*, at the grid's top" if guessed else "") + ")"
             + f"; its widest model needs about {need / 2**30:.2g} GiB to train (the run refuses to start where that "
             "does not fit)")
+
+
+def _largest_n(best: dict, thresholds: list[dict]) -> None:
+    """Into ``best`` ((R, A, embeddings) -> (N, thresholds)): each setting's thresholds at its largest N."""
+    for t in thresholds:
+        k = (t["relations"], t["attributes"], t["embeddings"])
+        if best.get(k, (0,))[0] < t["subjects"]:
+            best[k] = (t["subjects"], [])
+        if best[k][0] == t["subjects"]:
+            best[k][1].append(t["threshold"])
 
 
 def _covered(part: str, thresholds: list[dict], finished: list[str]) -> bool:

@@ -268,6 +268,30 @@ def test_a_budget_part_is_costed_by_the_evaluations_its_scan_will_train(tmp_path
     assert PE._budget_cost("pool_N256_R2_32k", tmp_path, {}) == ""  # nothing timed: no estimate
 
 
+def test_an_m_star_part_borrows_the_2000_step_m_star_of_settings_its_own_budget_has_not_measured(tmp_path):
+    """pool_N256_R8-16_8k_width (R = 8, 16; A = 16, 64, 256; frozen-input and frozen; widths 2..2048 ascending;
+    3 seeds) costed from the finished 8000-step m* part, which holds R = 2 only: the 12 settings it lacks take the
+    2000-step m* (an upper bound: m* falls with the budget) instead of the grid's top, and the line says so."""
+    for name, steps, r in (("pool_N256_R2-4_8k_width", 8000, 2), ("pool_N256_width", 2000, None)):
+        part = tmp_path / "capacity" / name
+        part.mkdir(parents=True)
+        recs = [{"subjects": 256, "relations": rr, "attributes": a, "embeddings": e, "searched": "mlp-width",
+                 "seed": 0, "threshold": 32} for rr in ((r,) if r else (8, 16)) for a in (16, 64, 256)
+                for e in ("frozen-input", "frozen")]
+        (part / "result.json").write_text(json.dumps({"thresholds": recs, "evaluations": {
+            "N=256 R=2 A=16 emb=frozen d=16 m=4 seed=0": {"accuracy": 0.5, "steps": steps}}}))
+        (part / "meta.json").write_text(json.dumps({"wall_time_s": 256 * 2 * 4 * steps * 1e-6}))  # 1e-6 s a unit
+    widths = (2, 4, 8, 16, 32)  # the ascending scan's evaluations up to m* = 32
+    hours = sum(256 * r * g * 8000 * 3 * 1e-6 for r in (8, 16) for g in widths) * 3 * 2 / 3600
+    text = PE._width_cost("pool_N256_R8-16_8k_width", tmp_path, ["pool_N256_R2-4_8k_width"], ["pool_N256_width"])
+    assert text.startswith(f"about {hours:.2g} CPU hours on one thread in all (")
+    assert "; 12 settings' m* from pool_N256_width, at fewer steps)" in text and "grid's top" not in text
+    alone = PE._width_cost("pool_N256_R8-16_8k_width", tmp_path, ["pool_N256_R2-4_8k_width"])
+    assert "; 12 settings with no measured m*, at the grid's top)" in alone and "fewer steps" not in alone
+    top = sum(256 * r * 2**i * 8000 * 3 * 1e-6 for r in (8, 16) for i in range(1, 12)) * 3 * 2 / 3600
+    assert alone.startswith(f"about {top:.0f} CPU hours")
+
+
 def test_a_setting_in_two_pool_parts_is_read_once_preferring_the_one_that_reached(tmp_path):
     """pool_N4096 and pool_N4096_A64 share the A = 64 settings: the page takes each (N, R, A, seed) once, the record
     with a threshold over one that never reached within its (smaller) grid; parts of other names are not read."""
