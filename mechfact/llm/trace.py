@@ -15,8 +15,8 @@ none is left out of that corruption and counted.
 from __future__ import annotations
 
 import functools
-import math
 import logging
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
