@@ -130,18 +130,19 @@ PARTS: dict[str, list[str]] = {
            ("_R16", "16", ("16", "64", "256"), "12 14 16 18 20 22 24 28".split(), ("--scan", "ascending")))},
     # the same ladder at N = 1024 (R = 2, 4, 16: A = 16, 64, N; R = 8: A = 16, N, beside pool_N1024_8k's A = 64; 5
     # seeds) and N = 4096 (A = 16, 64; R = 8: A = 16, beside pool_N4096_8k's A = 64; 3 seeds), at 8000 and 32000
-    # steps, ascending scans from about half the 2000-step d*
+    # steps, ascending scans from about half the 2000-step d* (R = 2 from d = 1: at N = 1024, 8000 steps, 3 of 5
+    # seeds reached the first grid's smallest value, d = 2)
     **{f"pool_N{N}{tag}_{k}": ["capacity", "--subjects", str(N), "--relations", r, "--attributes", *a, "--outputs",
                                "attributes", "--grid", *grid.split(), "--scan", "ascending", "--steps", str(steps),
                                *COS, "--seeds", "5" if N == 1024 else "3"]
        for k, steps in (("8k", 8000), ("32k", 32000))
        for N, tag, r, a, grid in (
-           (1024, "_R2", "2", ("16", "64", "1024"), "2 3 4 5 6"),
+           (1024, "_R2", "2", ("16", "64", "1024"), "1 2 3 4 5 6"),
            (1024, "_R4", "4", ("16", "64", "1024"), "4 5 6 7 8 9 10 12"),
            (1024, "_A16_R8", "8", ("16",), "8 10 12 14 16 18 20"),
            (1024, "_AN_R8", "8", ("1024",), "10 12 14 16 18 20 24"),
            (1024, "_R16", "16", ("16", "64", "1024"), "16 20 24 28 32 36 40 48"),
-           (4096, "_R2", "2", ("16", "64"), "2 3 4 5 6"),
+           (4096, "_R2", "2", ("16", "64"), "1 2 3 4 5 6"),
            (4096, "_R4", "4", ("16", "64"), "5 6 7 8 9 10 12 14"),
            (4096, "_A16_R8", "8", ("16",), "10 12 14 16 18 20"),
            (4096, "_R16", "16", ("16", "64"), "24 28 32 36 40 48 56 64"))},
