@@ -294,7 +294,7 @@ def _width_cost(part: str, src: Path, finished: list[str], fallback: list[str] =
     stand_in: dict[tuple, tuple[int, list]] = {}
     for q in fallback:
         _largest_n(stand_in, read_json(src / "capacity" / q / "result.json")["thresholds"])
-    borrowed = sorted({k for k in stand_in if k not in best})
+    borrowed = {k for k in stand_in if k not in best}
     best.update({k: stand_in[k] for k in borrowed})
     if not work:
         return ""
@@ -308,7 +308,8 @@ def _width_cost(part: str, src: Path, finished: list[str], fallback: list[str] =
                 for e in cmd.embeddings:
                     if (r, a, e) in best:
                         n0, ts = best[(r, a, e)]
-                        used |= {(r, a, e)} & set(borrowed)
+                        if (r, a, e) in borrowed:
+                            used.add((r, a, e))
                         m = math.inf if None in ts else statistics.median(ts) * n / n0
                     else:
                         m, guessed = grid[-1], guessed + 1

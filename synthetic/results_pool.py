@@ -440,13 +440,13 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
                     f"{math.log(n2) / math.log(n1):.2f} (N^{math.log(math.log(n2) / math.log(n1)) / k:.2f} over this "
                     "range).")
 
-    scans = {}  # (steps, grid, scan) -> {(N, R): [A]}: one clause per grid, naming the settings that ran it
+    by_grid = {}  # (steps, grid, scan) -> {(N, R): [A]}: one clause per grid, naming the settings that ran it
     for b, by in grids.items():
         for (n, r, a), (g, sc) in by.items():
-            scans.setdefault((b, tuple(g), sc), {}).setdefault((n, r), []).append(a)
+            by_grid.setdefault((b, tuple(g), sc), {}).setdefault((n, r), []).append(a)
     scans = [f"{b} steps: {'ascending scan' if sc == 'ascending' else 'bisection'} over {', '.join(map(str, g))} ("
              + "; ".join(f"N = {n}, R = {r}, A = {', '.join(map(str, sorted(a)))}" for (n, r), a in sorted(by.items()))
-             + ")" for (b, g, sc), by in sorted(scans.items())]
+             + ")" for (b, g, sc), by in sorted(by_grid.items())]
     return ["### The step budget", "",
             f"`python -m synthetic.facts_study --out runs/facts --part {' '.join(parts)}`: the same worlds and seeds "
             f"with {_and([f'{b // 2000}x' for b in budgets[1:]])} the steps (the same warm-up and cosine schedule "
