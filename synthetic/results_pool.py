@@ -324,9 +324,6 @@ def _scan_section(src: Path, base: list[dict]) -> list[str]:
     return lines + [""]
 
 
-BUDGETS = ("_8k", "_32k", "_128k")  # the budget parts beyond the 2000-step thresholds: pool_N<N><suffix>
-
-
 def _and(xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
@@ -346,52 +343,25 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
     """Section 1a: d* as a function of the step budget: the 2000-step d* of section 1 beside the same worlds and
     seeds at 4x and 16x the steps (the pool_N*_8k and pool_N*_32k parts); a seed's threshold has converged for
     this schedule where the two largest budgets give the same d* (nothing without budget parts)."""
-    from mechfact.runs import read_json
+    from synthetic.pool_budget import Ladder, laws_section
 
-    ladder: dict[tuple, dict[int, dict]] = {}  # (N, R, A, seed) -> {steps: record}
-    grids: dict[int, dict[tuple, tuple]] = {}  # steps -> {(N, R, A): (grid, scan)}
-    parts = []
-    for suffix in BUDGETS:
-        recs, names = pool_thresholds(src, "d", suffix)
-        parts += names
-        for name in names:
-            c = read_json(src / "capacity" / name / "config.json")["config"]
-            n = int(name.split("_")[1][1:])  # pool_N<N>[_R<R>]<suffix>
-            rs = set(c.get("relations") or [t["relations"] for t in recs if t["subjects"] == n])
-            as_ = set(c.get("attributes") or [t["attributes"] for t in recs])  # this part's settings only
-            for t in recs:
-                if t["subjects"] == n and t["relations"] in rs and t["attributes"] in as_:
-                    grids.setdefault(c["train"]["steps"], {})[(n, t["relations"], t["attributes"])] = (
-                        c["grid"], c.get("scan", "bisect"))
-                    ladder.setdefault((t["subjects"], t["relations"], t["attributes"], t["seed"]), {})[
-                        c["train"]["steps"]] = t
-    if not ladder:
+    lad = Ladder(src, base)
+    if not lad.records:
         return []
-    for t in base:
-        key = (t["subjects"], t["relations"], t["attributes"], t["seed"])
-        if key in ladder:
-            ladder[key][2000] = t
-    budgets = sorted({b for v in ladder.values() for b in v} | {2000})
-
-    def grid_of(t: dict, steps: int, n: int) -> list:
-        return grids.get(steps, {}).get((n, t["relations"], t["attributes"]), ([], ""))[0]
+    ladder, grids, parts, budgets = lad.records, lad.grids, lad.parts, lad.budgets
 
     def at_min(t: dict, steps: int, n: int) -> bool:  # reached at the grid's smallest value: d* <= it
-        grid = grid_of(t, steps, n)
-        return bool(t.get("at_grid_min")) or (t["threshold"] is not None and bool(grid)
-                                               and t["threshold"] == min(grid))
+        return lad.at_min(t, steps)
 
     def shown(t: dict | None, steps: int, n: int) -> str:
         if t is None:
             return "not run"
-        grid = grid_of(t, steps, n)
+        grid = lad.grid_of(t, steps)
         if t["threshold"] is None:
             return f"> {max(grid)}" if grid else "not reached"
         return f"<= {t['threshold']}" if at_min(t, steps, n) else str(t["threshold"])
 
-    settings: dict[tuple, list] = {}
-    for (n, r, a, seed) in sorted(ladder):
-        settings.setdefault((n, r, a), []).append(seed)
+    settings = lad.settings()
     lines = ["| N | R | A | " + " | ".join(f"d* per seed, {b} steps" for b in budgets)
              + " | the two largest budgets run agree |", "|---|---|---|" + "---|" * (len(budgets) + 1)]
     verdicts = []
@@ -453,7 +423,7 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
             "stretched, still stopped at 99%), on grids that start below the 2000-step thresholds (" + "; ".join(scans) + "). `<= g`: reached at the "
             "grid's smallest value (the threshold is at most g); `> g`: never reached. A threshold has converged "
             "for this schedule where the two largest budgets give the same d*.", "",
-            *lines, "", *[f"- {v}." for v in verdicts], *ratios, ""]
+            *lines, "", *[f"- {v}." for v in verdicts], *ratios, "", *laws_section(lad)]
 
 
 def _width_section(src: Path) -> list[str]:

@@ -161,8 +161,8 @@ def bits_per_parameter(thresholds: list[dict]) -> list[dict]:
     return out
 
 
-def _table(c: dict) -> list[str]:
-    """The comparison's rows, best held-out law first, and its verdict sentence."""
+def table_rows(c: dict) -> list[str]:
+    """The comparison's table: one row per law, best held-out law first."""
     by_n = c["hold_out"] == "n"
     held = ("leave-one-N-out RMS relative error: " + " / ".join(f"N = {n}" for n in c["n_values"]) + " | pooled"
             if by_n else "leave-one-setting-out RMS relative error")
@@ -172,16 +172,25 @@ def _table(c: dict) -> list[str]:
         rows.append(f"| {law} | {x['k']} | {x['rms_rel_error']:.3f} | {x['aic']:.1f} | {x['bic']:.1f} | "
                     + (" / ".join(f"{x['held_out_per_n'][n]:.3f}" for n in c["n_values"]) + " | " if by_n else "")
                     + f"{x['held_out_rms_rel_error']:.3f} |")
+    return rows
+
+
+def verdict(c: dict) -> str:
+    """The comparison's verdict sentence: the best held-out law, the rivals it beats and those it does not."""
     best = c["best"]
     beats = [law for law, v in c["best_vs"].items() if v["beaten"]]
     ties = [law for law in c["best_vs"] if law not in beats]
     detail = "; ".join(f"{law} {v['diff']:+.3f} (Holm p {stats.format_p(v['p_holm'])})"
                        for law, v in c["best_vs"].items())
-    verdict = (f"Held out, **{best}** predicts best; it beats " + (", ".join(beats) if beats else "no rival")
-               + (" and is not distinguishable from " + ", ".join(ties) if ties else "")
-               + f" (each rival's mean squared relative error per setting minus the best law's, paired over the "
-               f"{c['n_settings']} settings, sign-flip test, Holm over the {len(c['best_vs'])} rivals: {detail}).")
-    return [*rows, "", verdict]
+    return (f"Held out, **{best}** predicts best; it beats " + (", ".join(beats) if beats else "no rival")
+            + (" and is not distinguishable from " + ", ".join(ties) if ties else "")
+            + f" (each rival's mean squared relative error per setting minus the best law's, paired over the "
+            f"{c['n_settings']} settings, sign-flip test, Holm over the {len(c['best_vs'])} rivals: {detail}).")
+
+
+def _table(c: dict) -> list[str]:
+    """The comparison's rows, best held-out law first, and its verdict sentence."""
+    return [*table_rows(c), "", verdict(c)]
 
 
 def laws_section(thresholds: list[dict], budget: str) -> list[str]:
@@ -228,4 +237,4 @@ def width_laws_section(thresholds: list[dict], embeddings: tuple[str, ...] = ("f
 
 
 __all__ = ["LAWS", "WIDTH_LAWS", "POWER", "LINEAR_MEMORY_BITS", "threshold_points", "width_points", "compare_laws",
-           "bits_per_parameter", "laws_section", "width_laws_section"]
+           "bits_per_parameter", "laws_section", "width_laws_section", "table_rows", "verdict"]
