@@ -3,10 +3,10 @@ of the parts and regime maps not run here, estimated from the timed runs."""
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from pathlib import Path
-
 
 from synthetic.pool_runs import _capacity_part, _pool_parts, on_cpu, pool_thresholds
 
@@ -180,6 +180,19 @@ def _cpu_s(meta: dict) -> float:
     return meta["wall_time_s"] * meta.get("workers", 1)
 
 
+@functools.lru_cache(maxsize=512)
+def _read_once(path: str, mtime_ns: int) -> dict:
+    from mechfact.runs import read_json
+
+    return read_json(Path(path))
+
+
+def _read(path: Path) -> dict:
+    """A run file read once per version (its modification time): the cost of every part re-reads the same parts.
+    The result is shared: read it, never change it."""
+    return _read_once(str(path), path.stat().st_mtime_ns)
+
+
 def _budget_cost(part: str, src: Path, done: dict) -> str:
     """A budget part's CPU hours on one thread: its evaluations, each a model trained for the part's steps on N R
     facts, at the median CPU-seconds per 10^9 facts x steps trained of the finished CPU parts (those of A = N for
@@ -188,7 +201,6 @@ def _budget_cost(part: str, src: Path, done: dict) -> str:
     thresholds fall with the budget, so the count is an upper bound, as is the full budget for the reaching one."""
     from mechfact.commands.facts import capacity_config
     from mechfact.facts.capacity import parse_eval_key, search_units
-    from mechfact.runs import read_json
     from synthetic.facts_study import part_command
 
     a = part_command(part)
@@ -199,8 +211,8 @@ def _budget_cost(part: str, src: Path, done: dict) -> str:
     for q, meta in done.items():
         if not (src / "capacity" / q / "result.json").is_file():
             continue
-        res, conf = read_json(src / "capacity" / q / "result.json"), src / "capacity" / q / "config.json"
-        n_steps = (read_json(conf)["config"] if conf.is_file() else {}).get("train", {}).get("steps", 2000)
+        res, conf = _read(src / "capacity" / q / "result.json"), src / "capacity" / q / "config.json"
+        n_steps = (_read(conf)["config"] if conf.is_file() else {}).get("train", {}).get("steps", 2000)
         for t in res["thresholds"]:
             key = (t["subjects"], t["relations"], t["attributes"], t["seed"])
             if t.get("searched", "d") == "d" and t["embeddings"] == "trainable" and n_steps < steps \
