@@ -70,6 +70,22 @@ def test_spearman_detects_a_monotone_relation_and_not_noise():
     assert n["p_value"] > 0.05 and n["rho_ci"][0] < 0 < n["rho_ci"][1]
 
 
+def test_spearmans_interval_is_the_percentile_bootstrap_over_items_with_ties_and_constant_resamples():
+    """The interval ranks every resample at once: it equals a per-resample scipy Spearman over the same draws of
+    items (ties ranked by their average; a resample with one side constant has no rho and is left out)."""
+    from scipy.stats import spearmanr
+
+    x = np.array([0.0, 0, 0, 1, 2])
+    y = np.array([1.0, 0, 1, 1, 3])
+    got = stats.spearman(x, y, n_boot=400, n_perm=100, seed=3)
+    draws = np.random.default_rng(3).integers(0, x.size, size=(400, x.size))
+    boots = np.array([spearmanr(x[d], y[d])[0] if np.ptp(x[d]) and np.ptp(y[d]) else np.nan for d in draws])
+    assert np.isnan(boots).any()  # the design holds constant resamples
+    want = np.quantile(boots[np.isfinite(boots)], [0.025, 0.975])
+    assert got["rho"] == pytest.approx(spearmanr(x, y)[0], abs=1e-12)
+    assert got["rho_ci"] == pytest.approx(list(want), abs=1e-12)
+
+
 def test_fields_and_the_reporting_rule():
     row = {"relation": "r", **stats.fields("faithfulness", stats.wilson(3, 4))}
     assert row["faithfulness_n"] == 4 and len(row["faithfulness_ci"]) == 2
