@@ -82,7 +82,7 @@ def test_a_threshold_that_reached_below_the_smaller_budgets_at_the_grid_minimum_
         (tmp_path / "capacity" / name / "config.json").write_text(json.dumps({"config": {
             "grid": grid, "scan": "ascending", "train": {"steps": steps}}}))
     text = "\n".join(P._budget_section(tmp_path, []))
-    assert "| 256 | 8 | 64 | not run, not run, not run | 10, 10, <= 8 | <= 9, 10, <= 9 | 8000 / 32000: 1 of 3 seeds " \
+    assert "| 256 | 8 | 64 | not run | 10, 10, <= 8 | <= 9, 10, <= 9 | 8000 / 32000: 1 of 3 seeds " \
            "(1 not decided) |" in text
     assert "- N = 256, R = 8, A = 64: not converged: 1 of 3 seeds still move between 8000 and 32000 steps (d* " \
            "<= 9, 10 at 32000)" in text
@@ -104,8 +104,8 @@ def test_each_settings_bound_at_the_grid_minimum_is_read_on_its_own_parts_grid(t
         (tmp_path / "capacity" / name / "config.json").write_text(json.dumps({"config": {
             "grid": grid, "scan": scan, "relations": [8], "attributes": [a], "train": {"steps": 8000}}}))
     text = "\n".join(P._budget_section(tmp_path, []))
-    assert "| 256 | 8 | 16 | not run, not run | 8, 8 | one budget |" in text
-    assert "| 256 | 8 | 64 | not run, not run | <= 8, <= 8 | one budget |" in text
+    assert "| 256 | 8 | 16 | not run | 8, 8 | one budget |" in text
+    assert "| 256 | 8 | 64 | not run | <= 8, <= 8 | one budget |" in text
     assert "8000 steps: ascending scan over 5, 6, 7, 8, 9, 10 (N = 256, R = 8, A = 16)" in text
     assert "8000 steps: bisection over 8, 10, 12 (N = 256, R = 8, A = 64)" in text
 
