@@ -350,23 +350,22 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
         return []
     ladder, grids, parts, budgets = lad.records, lad.grids, lad.parts, lad.budgets
 
-    def at_min(t: dict, steps: int, n: int) -> bool:  # reached at the grid's smallest value: d* <= it
-        return lad.at_min(t, steps)
+    at_min = lad.at_min  # reached at the grid's smallest value: d* <= it
 
-    def shown(t: dict | None, steps: int, n: int) -> str:
+    def shown(t: dict | None, steps: int) -> str:
         if t is None:
             return "not run"
         grid = lad.grid_of(t, steps)
         if t["threshold"] is None:
             return f"> {max(grid)}" if grid else "not reached"
-        return f"<= {t['threshold']}" if at_min(t, steps, n) else str(t["threshold"])
+        return f"<= {t['threshold']}" if at_min(t, steps) else str(t["threshold"])
 
     settings = lad.settings()
     lines = ["| N | R | A | " + " | ".join(f"d* per seed, {b} steps" for b in budgets)
              + " | the two largest budgets run agree |", "|---|---|---|" + "---|" * (len(budgets) + 1)]
     verdicts = []
     for (n, r, a), seeds in settings.items():
-        cells = [", ".join(shown(ladder[(n, r, a, s)].get(b), b, n) for s in seeds)
+        cells = [", ".join(shown(ladder[(n, r, a, s)].get(b), b) for s in seeds)
                  if any(ladder[(n, r, a, s)].get(b) for s in seeds) else "not run" for b in budgets]
         run = [b for b in budgets if any(ladder[(n, r, a, s)].get(b) for s in seeds)]  # this setting's budgets
         if len(run) < 2:
@@ -374,14 +373,14 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
             continue
         lo, hi = run[-2], run[-1]
         pairs = [(ladder[(n, r, a, s)].get(lo), ladder[(n, r, a, s)].get(hi)) for s in seeds]
-        decided, below = _compared(pairs, lambda x: at_min(x, lo, n), lambda y: at_min(y, hi, n))
+        decided, below = _compared(pairs, lambda x: at_min(x, lo), lambda y: at_min(y, hi))
         same = sum(x["threshold"] == y["threshold"] for x, y in decided)
         known = len(decided) + len(below)
         agree = f"{lo} / {hi}: {same} of {len(seeds)} seeds" + ("" if known == len(seeds) else
                                                                 f" ({len(seeds) - known} not decided)")
         lines.append(f"| {n} | {r} | {a} | " + " | ".join(cells) + f" | {agree} |")
         if known:
-            last = ", ".join(shown(y, hi, n) for _, y in sorted(decided + below, key=lambda p: p[1]["threshold"]))
+            last = ", ".join(shown(y, hi) for _, y in sorted(decided + below, key=lambda p: p[1]["threshold"]))
             verdicts.append(f"N = {n}, R = {r}, A = {a}: " + (
                 f"converged at d* = {last} ({lo} and {hi} steps agree)" if same == len(seeds)
                 else f"not converged: {known - same} of {len(seeds)} seeds still move between {lo} and {hi} "
@@ -397,7 +396,7 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
             for b in budgets:
                 x1, x2 = ([x for s in settings[(n, r, a)] if (x := ladder[(n, r, a, s)].get(b))
                            and x["threshold"] is not None] for n in (n1, n2))
-                b1, b2 = (any(at_min(x, b, n) for x in xs) for xs, n in ((x1, n1), (x2, n2)))
+                b1, b2 = (any(at_min(x, b) for x in xs) for xs in (x1, x2))
                 if x1 and x2 and len(x1) == len(settings[(n1, r, a)]) and len(x2) == len(settings[(n2, r, a)]) \
                         and not (b1 and b2):
                     got.append((b, statistics.median(x["threshold"] for x in x2)
