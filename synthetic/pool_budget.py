@@ -64,6 +64,10 @@ class Ladder:
             out.setdefault((n, r, a), []).append(seed)
         return out
 
+    def budgets_run(self, setting: tuple, seeds: list[int]) -> list[int]:
+        """The budgets at which any of the setting's seeds ran, ascending."""
+        return [b for b in self.budgets if any(self.records[(*setting, s)].get(b) for s in seeds)]
+
     def value(self, key: tuple, steps: int) -> int | None:
         """The seed's d* at ``steps`` where it is a value (run, reached, not at the grid's smallest width)."""
         t = self.records[key].get(steps)
@@ -91,7 +95,7 @@ def converged(ladder: Ladder) -> dict[tuple, int]:
     and the two are equal (the larger budget's records)."""
     out = {}
     for (n, r, a), seeds in ladder.settings().items():
-        run = [b for b in ladder.budgets if any(ladder.records[(n, r, a, s)].get(b) for s in seeds)]
+        run = ladder.budgets_run((n, r, a), seeds)
         if len(run) < 2:
             continue
         pairs = [(ladder.value((n, r, a, s), run[-2]), ladder.value((n, r, a, s), run[-1])) for s in seeds]
@@ -116,6 +120,18 @@ def _counts(values: dict[tuple, int]) -> str:
     return ", ".join(f"{len({k[:3] for k in values if k[0] == n})} at N = {n}" for n in _ns(values))
 
 
+def _refused(values: dict[tuple, int]) -> str:
+    """Why a leave-one-N-out comparison of ``values`` is not made ("" where it is): three N are needed, and each
+    fold of the others must span two values of R and of A."""
+    if not values:
+        return "no setting"
+    if len(_ns(values)) < 3:
+        return f"settings at N = {', '.join(map(str, _ns(values)))} only"
+    thin = _thin_folds(values)
+    return (f"settings {_counts(values)}; held out N = {', '.join(map(str, thin))}, the other N span one value of R "
+            "or of A") if thin else ""
+
+
 def _where(values: dict[tuple, int]) -> str:
     by: dict[tuple, list[int]] = {}
     for (n, r, a, _), d in sorted(values.items()):
@@ -138,14 +154,9 @@ def laws_section(ladder: Ladder) -> list[str]:
              "law would be asked to predict along a factor it was never fitted along).", ""]
     for b in ladder.budgets[1:]:
         vals = _paired(ladder, (2000, b))
-        if len(_ns(vals[b])) < 3 or _thin_folds(vals[b]):
-            lines += [f"- {b} steps: " + ("no setting" if not vals[b] else
-                                          f"settings at N = {', '.join(map(str, _ns(vals[b])))} only"
-                                          if len(_ns(vals[b])) < 3 else
-                                          f"settings {_counts(vals[b])}; held out N = "
-                                          f"{', '.join(map(str, _thin_folds(vals[b])))}"
-                                          f", the other N span one value of R or of A")
-                      + "; not compared.", ""]
+        why = _refused(vals[b])
+        if why:
+            lines += [f"- {b} steps: {why}; not compared.", ""]
             continue
         got = {s: compare_laws(_records(vals[s])) for s in (2000, b)}
         c = got[b]
@@ -154,14 +165,16 @@ def laws_section(ladder: Ladder) -> list[str]:
                   f"- At {b} steps: {verdict(c)}", f"- The same settings and seeds at 2000 steps: {verdict(got[2000])}",
                   ""]
     conv = converged(ladder)
-    if len(_ns(conv)) >= 3 and not _thin_folds(conv):
+    why = _refused(conv)
+    if not why:
         c = compare_laws(_records(conv))
         lines += [f"At convergence (the two largest budgets run agree on every seed): {c['n_points']} thresholds, "
                   f"{c['n_settings']} settings, N = {', '.join(map(str, c['n_values']))}.", "", *table_rows(c), "",
                   f"- At convergence: {verdict(c)}", ""]
     else:
-        lines += ["At convergence: " + (f"the converged settings ({_where(conv)}) lie at N = "
-                                        f"{', '.join(map(str, _ns(conv)))} only" if conv else "no setting has converged")
+        lines += ["At convergence: " + ("no setting has converged" if not conv else f"the converged settings "
+                                        f"({_where(conv)}) lie at N = {', '.join(map(str, _ns(conv)))} only"
+                                        if len(_ns(conv)) < 3 else f"the converged settings ({_where(conv)}): {why}")
                   + "; the law comparison at convergence waits for converged settings at three N, each fold of two N "
                   "spanning two values of R and of A (the budget parts under \"Not run here\").", ""]
     return lines

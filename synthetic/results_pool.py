@@ -365,9 +365,9 @@ def _budget_section(src: Path, base: list[dict]) -> list[str]:
              + " | the two largest budgets run agree |", "|---|---|---|" + "---|" * (len(budgets) + 1)]
     verdicts = []
     for (n, r, a), seeds in settings.items():
-        cells = [", ".join(shown(ladder[(n, r, a, s)].get(b), b) for s in seeds)
-                 if any(ladder[(n, r, a, s)].get(b) for s in seeds) else "not run" for b in budgets]
-        run = [b for b in budgets if any(ladder[(n, r, a, s)].get(b) for s in seeds)]  # this setting's budgets
+        run = lad.budgets_run((n, r, a), seeds)  # this setting's budgets
+        cells = [", ".join(shown(ladder[(n, r, a, s)].get(b), b) for s in seeds) if b in run else "not run"
+                 for b in budgets]
         if len(run) < 2:
             lines.append(f"| {n} | {r} | {a} | " + " | ".join(cells) + " | one budget |")
             continue

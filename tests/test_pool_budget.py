@@ -63,6 +63,14 @@ def test_a_budget_whose_held_out_folds_span_one_relation_count_is_not_compared(t
     assert ("- 8000 steps: settings 6 at N = 256, 1 at N = 1024, 1 at N = 4096; held out N = 256, the other N span "
             "one value of R or of A; not compared.") in text
     assert "At convergence: no setting has converged;" in text
+    # converged at three N, but holding N = 256 out leaves one R and one A: refused for that reason, not for its N
+    for n in (256, 1024, 4096):
+        _part(tmp_path, f"pool_N{n}_32k", 32000, _recs([s for s in SETTINGS if s[0] == 256] if n == 256
+                                                        else [(n, 8, 64)], log_law))
+    text = "\n".join(PB.laws_section(PB.Ladder(tmp_path, base)))
+    assert "At convergence: the converged settings (N = 256, R = 2, A = 16: 22, 23, 22;" in text
+    assert ("held out N = 256, the other N span one value of R or of A; the law comparison at convergence waits"
+            in text) and "At convergence (the two largest" not in text
     # a bound at the grid minimum is not a value: that setting leaves the pairing
     low = tmp_path / "low"
     _part(low, "pool_N256_8k", 8000, _recs([(256, 2, 16)], log_law), grid=(22, 30))
