@@ -86,6 +86,16 @@ def accuracy(correct: Sequence[bool] | np.ndarray, confidence: float = CONFIDENC
     return wilson(int(c.sum()), int(c.size), confidence)
 
 
+def percentile_interval(boots: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The central ``confidence`` percentile interval of the finite bootstrap replicates ``boots`` (a replicate
+    with no value, e.g. a constant resample's correlation, is NaN and left out)."""
+    boots = np.asarray(boots, dtype=float)
+    boots = boots[np.isfinite(boots)]
+    a = (1 - confidence) / 2
+    lo, hi = np.quantile(boots, [a, 1 - a])
+    return float(lo), float(hi)
+
+
 def bootstrap(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndarray], float] | None = None, *,
               clusters: Sequence | None = None, n_boot: int = N_BOOT, seed: int = 0,
               confidence: float = CONFIDENCE) -> Estimate:
@@ -118,10 +128,8 @@ def bootstrap(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndar
         boots = x[draws].mean(1)
     else:
         boots = np.array([stat(x[np.concatenate([groups[g] for g in d])]) for d in draws])
-    boots = boots[np.isfinite(boots)]
-    a = (1 - confidence) / 2
-    lo, hi = np.quantile(boots, [a, 1 - a])
-    return Estimate(value, float(lo), float(hi), m, "bootstrap")
+    lo, hi = percentile_interval(boots, confidence)
+    return Estimate(value, lo, hi, m, "bootstrap")
 
 
 MIN_DISTINCT = 100  # a stratified bootstrap with fewer distinct resamples gives no interval
@@ -153,11 +161,8 @@ def stratified_bootstrap(values: Sequence[float] | np.ndarray, statistic: Callab
     for _ in range(n_boot):
         idx = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups])
         boots.append(statistic(x[idx]))
-    boots = np.asarray(boots, dtype=float)
-    boots = boots[np.isfinite(boots)]
-    a = (1 - confidence) / 2
-    lo, hi = np.quantile(boots, [a, 1 - a])
-    return Estimate(value, float(lo), float(hi), int(x.shape[0]), "bootstrap"), distinct
+    lo, hi = percentile_interval(np.asarray(boots, dtype=float), confidence)
+    return Estimate(value, lo, hi, int(x.shape[0]), "bootstrap"), distinct
 
 
 TRIAL_RESAMPLING = ("subjects", "trials+subjects")
@@ -333,9 +338,7 @@ def spearman(x: Sequence[float], y: Sequence[float], *, n_boot: int = N_BOOT, n_
     den = np.sqrt((ra_b ** 2).sum(1) * (rb_b ** 2).sum(1))
     with np.errstate(invalid="ignore", divide="ignore"):
         boots = np.where(den > 0, (ra_b * rb_b).sum(1) / den, np.nan)  # a constant resample has no rho
-    boots = boots[np.isfinite(boots)]
-    q = (1 - confidence) / 2
-    lo, hi = np.quantile(boots, [q, 1 - q])
+    lo, hi = percentile_interval(boots, confidence)
     rng = np.random.default_rng(seed + 1)
     ra, rb = rankdata(a), rankdata(b)
     rb_c = (rb - rb.mean()) / (rb.std() or 1.0)
@@ -344,7 +347,7 @@ def spearman(x: Sequence[float], y: Sequence[float], *, n_boot: int = N_BOOT, n_
     null = (ra_c[perms] * rb_c).mean(1)
     obs = float((ra_c * rb_c).mean())
     p = permutation_pvalue(abs(obs), np.abs(null), "greater")
-    return {"rho": obs, "rho_ci": [float(lo), float(hi)], "rho_n": int(n), "p_value": p}
+    return {"rho": obs, "rho_ci": [lo, hi], "rho_n": int(n), "p_value": p}
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -249,7 +249,6 @@ def _ascending_cost(part: str, src: Path, done: dict) -> str:
     bound), at the wall time per relation-evaluation of the finished 2000-step part of its N."""
     from mechfact.commands.facts import capacity_config
     from mechfact.facts.capacity import _eval_key, parse_eval_key, reusable_evaluations, search_units
-    from mechfact.runs import read_json
     from synthetic.facts_study import part_command
 
     a = part_command(part)
@@ -269,7 +268,7 @@ def _ascending_cost(part: str, src: Path, done: dict) -> str:
     base = f"pool_N{cfg.subjects[0]}"
     if base not in done or not todo:
         return ""
-    evs = read_json(src / "capacity" / base / "result.json")["evaluations"]
+    evs = _read(src / "capacity" / base / "result.json")["evaluations"]
     per = _cpu_s(done[base]) / sum(parse_eval_key(k)["R"] for k in evs)
     return (f"at most {todo * per / 3600:.1f} CPU hours on one thread ({todo} relation-evaluations to train, at "
             f"the {per:.1f} s each of {base})")
@@ -286,7 +285,6 @@ def _width_cost(part: str, src: Path, finished: list[str], fallback: list[str] =
     import re
 
     from mechfact.facts.capacity import parse_eval_key, scan_grid
-    from mechfact.runs import read_json
     from synthetic.facts_study import part_command
 
     if not finished:
@@ -296,16 +294,16 @@ def _width_cost(part: str, src: Path, finished: list[str], fallback: list[str] =
     n_of = {q: int(re.match(r"pool_N(\d+)", q).group(1)) for q in finished}
     timed = [q for q in finished if n_of[q] == max(n_of.values())]  # the rate at the largest N run
     for q in finished:
-        res = read_json(src / "capacity" / q / "result.json")
+        res = _read(src / "capacity" / q / "result.json")
         if q in timed:
-            wall += _cpu_s(read_json(src / "capacity" / q / "meta.json"))
+            wall += _cpu_s(_read(src / "capacity" / q / "meta.json"))
             for key, ev in res.get("evaluations", {}).items():
                 f = parse_eval_key(key)
                 work += f["N"] * f["R"] * f["m"] * ev["steps"]
         _largest_n(best, res["thresholds"])
     stand_in: dict[tuple, tuple[int, list]] = {}
     for q in fallback:
-        _largest_n(stand_in, read_json(src / "capacity" / q / "result.json")["thresholds"])
+        _largest_n(stand_in, _read(src / "capacity" / q / "result.json")["thresholds"])
     borrowed = {k for k in stand_in if k not in best}
     best.update({k: stand_in[k] for k in borrowed})
     if not work:
