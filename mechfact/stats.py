@@ -161,7 +161,7 @@ def stratified_bootstrap(values: Sequence[float] | np.ndarray, statistic: Callab
     for _ in range(n_boot):
         idx = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups])
         boots.append(statistic(x[idx]))
-    lo, hi = percentile_interval(np.asarray(boots, dtype=float), confidence)
+    lo, hi = percentile_interval(boots, confidence)
     return Estimate(value, lo, hi, int(x.shape[0]), "bootstrap"), distinct
 
 
