@@ -404,9 +404,13 @@ def write_doc(out: Path, path: Path) -> None:
              "so its logit differences are the readable rows. In the default regime the last position's MLP "
              "restores only part of the effect: the attention output already carries some of the answer.\n",
              facts_table(out), ""]
-    for m in MODELS:
-        if _noise(out, m):
-            parts.append(f"![{_label(m)}](img/trace_{m}.png)\n")
+    drawn = [m for m in MODELS if _noise(out, m)]
+    if drawn:
+        parts.append("The noise traces, one row per kind: the average indirect effect on the facts every kind has "
+                     "traced (the facts the tables and tests pool), the last-subject-token and last-token curves "
+                     f"with relation-clustered 95% bands (none below {MIN_RELATIONS} relations).\n")
+    for m in drawn:
+        parts.append(f"![{_label(m)}](img/trace_{m}.png)\n")
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(parts))
 
@@ -421,13 +425,33 @@ def _noise(out: Path, m: str) -> dict | None:
     return r if r and r.get("per_relation") else None
 
 
+def figure_input(r: dict) -> dict:
+    """A noise run as :func:`mechfact.llm.plots.plot_trace` draws it for the page: per kind, every token bucket's
+    curve on the facts every kind has (the facts the tables and tests pool), with the relation-clustered 95% band
+    (none below the tests' minimum number of relations), and the total effect of those facts."""
+    from mechfact.probes.trace_tests import MIN_RELATIONS, curve, draws, n_clusters
+    from mechfact.probes.tracing import BUCKETS
+
+    pooled = {}
+    for kind, t in _kinds(r).items():
+        idx = draws(t.relations, seed=0)
+        few = n_clusters(t.relations) < MIN_RELATIONS
+        facts = [f for x in r["per_relation"] if x["kind"] == kind and x["relation"] in set(t.relations)
+                 for f in x["facts"]]
+        pooled[kind] = {"aie": {b: [{**c, "aie_ci": None} if few else c for c in curve(t, b, idx)]
+                                for b in BUCKETS},
+                        "n_facts": len(t.relations), "n_relations": n_clusters(t.relations),
+                        "total_effect": float(np.mean([f["clean"] - f["corrupt"] for f in facts]))}
+    return {"model": r.get("model"), "pooled": pooled}
+
+
 def figures(out: Path, img: Path) -> None:
     from mechfact.llm.plots import plot_trace
 
     for m in MODELS:
         r = _noise(out, m)
         if r:
-            plot_trace(r, img / f"trace_{m}.png")
+            plot_trace(figure_input(r), img / f"trace_{m}.png")
 
 
 def main(argv=None) -> None:

@@ -310,3 +310,21 @@ def test_a_peak_from_fewer_relations_than_the_minimum_gets_no_spread_over_draws(
     assert f"no interval: fewer than {T.MIN_RELATIONS} relations" in text and "1 relation)" in text
     assert "95% of draws" not in text
     assert "95% of draws" in corruptions(shipped.parents[2])
+
+
+def test_the_page_figure_draws_the_facts_the_tables_pool_with_relation_clustered_bands():
+    """A partial run: one relation has finished only its state trace. The figure pools each kind over the
+    relations every kind has (as the tables and tests do), not each kind over its own facts; its bands are the
+    relation-clustered intervals of the tests; with fewer relations than the minimum it draws no band."""
+    from probes.results_trace import figure_input
+
+    rows = _rows({"state": GPT2_LIKE["state"], "mlp": GPT2_LIKE["mlp"]}, n_rel=6)
+    rows = [r for r in rows if not (r["relation"] == "rel5" and r["kind"] == "mlp")]
+    pooled = figure_input({"model": "m", "n_layers": L, "per_relation": rows})["pooled"]
+    assert {k: (v["n_facts"], v["n_relations"]) for k, v in pooled.items()} == {"state": (30, 5), "mlp": (30, 5)}
+    t = T.Traces.from_rows([r for r in rows if r["relation"] != "rel5"], "state", L)
+    want = T.curve(t, "last_subject", T.draws(t.relations, seed=0))
+    assert pooled["state"]["aie"]["last_subject"] == want
+    few = figure_input({"model": "m", "n_layers": L, "per_relation": [r for r in rows if r["relation"] < "rel4"]})
+    assert all(c["aie_ci"] is None for c in few["pooled"]["mlp"]["aie"]["last"])
+    assert few["pooled"]["mlp"]["total_effect"] == pytest.approx(0.48)

@@ -254,8 +254,9 @@ TRACE_LABELS = {"first_subject": "first subject token", "middle_subject": "middl
 
 
 def plot_trace(result: dict, path) -> None:
-    """Per kind (a row): the average indirect effect as a heatmap (token bucket x layer) over every traced fact,
-    and the last-subject-token and last-token curves with their 95% bootstrap bands."""
+    """Per kind (a row): the average indirect effect as a heatmap (token bucket x layer) over the kind's facts,
+    and the last-subject-token and last-token curves with their 95% bootstrap bands (``result["pooled"]``: a run's
+    own pooling, or a page's, which may add ``n_relations``: then the bands resample relations)."""
     pooled = result.get("pooled") or {}
     kinds = [k for k in pooled if pooled[k].get("aie")]
     if not kinds:
@@ -273,7 +274,8 @@ def plot_trace(result: dict, path) -> None:
         ax_h.set_xticks(range(0, len(layers), step), [("emb" if l < 0 else str(l)) for l in layers[::step]],
                         fontsize=7)
         ax_h.set_xlabel("layer", fontsize=8)
-        ax_h.set_title(f"{kind}: average indirect effect ({s['n_facts']} known facts; total effect "
+        over = f" over {s['n_relations']} relations" if s.get("n_relations") else ""
+        ax_h.set_title(f"{kind}: average indirect effect ({s['n_facts']} known facts{over}; total effect "
                        f"{s['total_effect']:.2f})", fontsize=8)
         fig.colorbar(im, ax=ax_h, shrink=0.8)
         for b, color in (("last_subject", "tab:red"), ("last", "tab:blue")):
