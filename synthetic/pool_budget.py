@@ -142,7 +142,7 @@ def _where(values: dict[tuple, int]) -> str:
 def laws_section(ladder: Ladder) -> list[str]:
     """Paper B's laws at each larger budget beside the 2000-step thresholds of the same settings and seeds, and on
     the converged thresholds; where fewer than three N qualify, which settings do (nothing without budget parts)."""
-    from mechfact.facts.laws import compare_laws, table_rows, verdict
+    from mechfact.facts.laws import bits_summary, compare_laws, table_rows, verdict
 
     if not ladder.records:
         return []
@@ -163,7 +163,8 @@ def laws_section(ladder: Ladder) -> list[str]:
         lines += [f"At {b} steps: {c['n_points']} thresholds, {c['n_settings']} settings, N = "
                   f"{', '.join(map(str, c['n_values']))}.", "", *table_rows(c), "",
                   f"- At {b} steps: {verdict(c)}", f"- The same settings and seeds at 2000 steps: {verdict(got[2000])}",
-                  ""]
+                  f"- Bits per parameter at the median d* over seeds, {b} steps: {bits_summary(_records(vals[b]))}; "
+                  f"2000 steps, the same settings: {bits_summary(_records(vals[2000]))}.", ""]
     conv = converged(ladder)
     why = _refused(conv)
     if not why:

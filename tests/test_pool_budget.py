@@ -47,6 +47,13 @@ def test_each_budget_names_its_own_best_law_on_the_same_settings_and_at_converge
     assert "- The same settings and seeds at 2000 steps: Held out, **N R** predicts best" in text
     assert "- At convergence: Held out, **R ln N** predicts best" in text
     assert "At convergence (the two largest budgets run agree on every seed): 54 thresholds, 18 settings" in text
+    # bits per parameter at each budget's own d* (the R ln N thresholds at 8000 steps, the N R ones at 2000)
+    from mechfact.facts.laws import bits_summary
+
+    at = {steps: bits_summary([t for t in recs if t["seed"] == 0]) for steps, recs in
+          ((8000, _recs(SETTINGS, log_law, 1)), (2000, _recs(SETTINGS, facts_law, 1)))}
+    assert at[8000] != at[2000] and (f"- Bits per parameter at the median d* over seeds, 8000 steps: {at[8000]}; "
+                                     f"2000 steps, the same settings: {at[2000]}.") in text
     # the page's budget section carries it
     assert "#### The laws at each budget" in "\n".join(P._budget_section(tmp_path, base))
 

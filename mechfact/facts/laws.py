@@ -161,6 +161,15 @@ def bits_per_parameter(thresholds: list[dict]) -> list[dict]:
     return out
 
 
+def bits_summary(thresholds: list[dict]) -> str:
+    """:func:`bits_per_parameter` in words: the settings counted, the median and range, where the most is."""
+    bpp = bits_per_parameter(thresholds)
+    v = np.array([b["bits_per_parameter"] for b in bpp])
+    top = max(bpp, key=lambda b: b["bits_per_parameter"])
+    return (f"{len(bpp)} settings, median {np.median(v):.3f}, range {v.min():.3f}-{v.max():.3f} (the most at "
+            f"N = {top['subjects']}, R = {top['relations']}, A = {top['attributes']}, d* = {top['d']})")
+
+
 def table_rows(c: dict) -> list[str]:
     """The comparison's table: one row per law, best held-out law first."""
     by_n = c["hold_out"] == "n"
@@ -198,14 +207,10 @@ def laws_section(thresholds: list[dict], budget: str) -> list[str]:
     c = compare_laws(thresholds)
     if not c:
         return []
-    bpp = bits_per_parameter(thresholds)
-    v = np.array([b["bits_per_parameter"] for b in bpp])
-    top = max(bpp, key=lambda b: b["bits_per_parameter"])
     bits = (f"Bits per parameter at d* (the facts' N R log2 A bits over the model's trainable parameters at the "
-            f"median d*, {len(bpp)} settings): median {np.median(v):.3f}, range {v.min():.3f}-{v.max():.3f} (the "
-            f"most at N = {top['subjects']}, R = {top['relations']}, A = {top['attributes']}, d* = {top['d']}); "
-            f"paper A's linear memory at capacity stores 1 / (2 ln 2) = {LINEAR_MEMORY_BITS:.2f} bits per parameter. "
-            "With the subject embeddings (N d) most of the parameters, the ratio is about R log2 A / d*.")
+            f"median d*): {bits_summary(thresholds)}; paper A's linear memory at capacity stores 1 / (2 ln 2) = "
+            f"{LINEAR_MEMORY_BITS:.2f} bits per parameter. With the subject embeddings (N d) most of the parameters, "
+            "the ratio is about R log2 A / d*.")
     return ["Laws compared on held-out N (`mechfact.facts.laws`): every law refitted without one N and asked to "
             f"predict it; {c['n_points']} thresholds ({c['n_settings']} settings, seeds {c['n_seeds']} at most, "
             f"N = {', '.join(map(str, c['n_values']))}), each a {budget} threshold, which has not converged "
