@@ -206,6 +206,13 @@ KIND_NAMES = {"state": "state", "mlp": "mlp (window w)", "attn": "attn (window w
               "severed_attn": "severed_attn", "mlp_w1": "mlp (window 1)", "mlp_no0": "mlp (window w, MLP 0 excluded)"}
 
 
+def _facts_of(r: dict, kind: str, relations) -> list[dict]:
+    """The traced facts of ``kind`` in ``relations`` (the relations every kind has: :func:`_kinds`), in run order."""
+    keep = set(relations)
+    return [f for x in r["per_relation"] if x["kind"] == kind and x.get("facts") and x["relation"] in keep
+            for f in x["facts"]]
+
+
 def llm_table(out: Path) -> str:
     from mechfact.probes.trace_tests import draws
 
@@ -227,8 +234,7 @@ def llm_table(out: Path) -> str:
             done = "" if (out / m / corruption / "meta.json").is_file() else ", partial run"
             base = next(iter(kinds.values()))
             idx = draws(base.relations, seed=0)
-            facts = [f for x in r["per_relation"] if x["kind"] == "state" and x.get("facts")
-                     and x["relation"] in set(base.relations) for f in x["facts"]]
+            facts = _facts_of(r, "state", base.relations)
             clean, corrupt = (np.array([f[k] for f in facts]) for k in ("clean", "corrupt"))
             te = [float(np.mean((clean - corrupt)[i])) for i in idx]
             from mechfact.probes.trace_tests import MIN_RELATIONS, _interval
@@ -436,8 +442,7 @@ def figure_input(r: dict) -> dict:
     for kind, t in _kinds(r).items():
         idx = draws(t.relations, seed=0)
         few = n_clusters(t.relations) < MIN_RELATIONS
-        facts = [f for x in r["per_relation"] if x["kind"] == kind and x["relation"] in set(t.relations)
-                 for f in x["facts"]]
+        facts = _facts_of(r, kind, t.relations)
         pooled[kind] = {"aie": {b: [{**c, "aie_ci": None} if few else c for c in curve(t, b, idx)]
                                 for b in BUCKETS},
                         "n_facts": len(t.relations), "n_relations": n_clusters(t.relations),
