@@ -14,6 +14,14 @@ Prints process CPU seconds per fact and kind, the ratios, the largest absolute d
 noise draws), and full traces per CPU-second. The plain loop runs on every ``--plain-stride``-th layer (its full
 30-layer trace takes minutes per kind), against (c) on the same layers.
 
+And the arithmetic: the multiply-adds of the weight matrices that (c) computes (token-block rows times a block's
+weights, and each restored run's answer position times the unembedding, which the probability metric needs whole),
+the least an exact trace needs (the same, less the last block's rows at tokens other than the answer, which need
+only their keys and values, and less the cells restoring the last block's state, whose scores need no run), and the
+single-thread rate of a plain matrix product of the block's shapes measured in the same run. Their quotient bounds
+what any exact tracer can reach on this CPU: today's path's CPU seconds over (the least FLOP / that rate) is the
+largest speed-up over it that the arithmetic allows (attention scores, norms and activations not even counted).
+
     python benchmarks/trace_bench.py [--threads 1] [--model default] [--relations country_capital,country_continent]
                                      [--kinds state,mlp] [--draws 10] [--plain-stride 3]
 """
@@ -26,6 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported:
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -70,10 +79,55 @@ def plain_trace(lm, tokens, subject, kind, window, noise, n_draws, seed, index, 
     return out
 
 
+def block_weights(lm) -> tuple[int, int]:
+    """(weights of one decoder block's matrices, of its key and value projections): multiply-adds per token."""
+    from mechfact.probes.trace_suffix import _block_list
+    blocks = _block_list(lm)
+    if blocks is None:
+        raise SystemExit(f"{lm.name}: no decoder block list found; the FLOP count needs the bridge's blocks")
+    mats = [(n, p.numel()) for n, p in blocks[0].named_parameters() if p.ndim == 2]
+    return sum(k for _, k in mats), sum(k for n, k in mats if re.search(r"(^|\.)(k_proj|v_proj)\.", n))
+
+
+def trace_rows(n: int, subject: tuple[int, int], kind: str, window: int, L: int,
+               layers: list[int]) -> tuple[int, int, int, int]:
+    """Per noise draw, the restored runs of one trace: (token-block rows the suffix runs compute, the last block's
+    rows at a token other than the answer among them, cells (each unembeds its answer position), cells that need
+    no run). A cell (token t >= the subject's first, layer) runs tokens t..n-1 through every block after the one
+    where it first differs: the restored state's block (``state``), or the block before its window's first layer;
+    one restoring the last block's state leaves the answer at its corrupted (t before it) or clean state."""
+    rows = last = cells = idle = 0
+    for t in range(subject[0], n):
+        for layer in layers:
+            first = layer if kind == "state" else tracing.window_layers(layer, window, L)[0] - 1
+            blocks = L - 1 - first
+            rows += (n - t) * blocks
+            last += (n - t - 1) * (blocks > 0)
+            cells += 1
+            idle += blocks == 0
+    return rows, last, cells, idle
+
+
+def matmul_rate(d_model: int, d_inner: int, rows: int = 2048, reps: int = 10) -> float:
+    """FLOP per CPU-second of a (rows, d_model) x (d_model, d_inner) product and back, on the threads set."""
+    x, w1, w2 = torch.randn(rows, d_model), torch.randn(d_model, d_inner), torch.randn(d_inner, d_model)
+    for _ in range(2):
+        (x @ w1) @ w2
+    c0 = time.process_time()
+    for _ in range(reps):
+        (x @ w1) @ w2
+    return 4 * rows * d_model * d_inner * reps / (time.process_time() - c0)
+
+
 def _timed(fn):
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
     return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _mlp_mats(lm):
+    from mechfact.probes.trace_suffix import _block_list
+    return [p for n, p in _block_list(lm)[0].named_parameters() if p.ndim == 2 and re.search(r"(up|gate)_proj", n)]
 
 
 def main(argv=None) -> None:
@@ -98,8 +152,14 @@ def main(argv=None) -> None:
     queries, _ = relation_queries(lm, rels, max_facts=1, known="spells")
     window = tracing.default_window(lm.n_layers)
     noise = tracing.noise_scale(lm, [q["tokens"] for q in queries], [q["subject"] for q in queries])
+    W, W_kv = block_weights(lm)
+    U = lm.W_U.numel()
+    d_inner = max(p.shape[0] for p in _mlp_mats(lm))
+    rate = matmul_rate(lm.d_model, d_inner)
     print(f"{lm.name}: {lm.n_layers} layers, {len(queries)} facts, {a.draws} noise draws, window {window}, "
-          f"threads {a.threads}")
+          f"threads {a.threads}; {W / 1e6:.2f} M weights a block ({W_kv / 1e6:.2f} M keys and values), {U / 1e6:.1f} M "
+          f"in the unembedding; a plain "
+          f"({lm.d_model} x {d_inner}) matrix product runs at {rate / 1e9:.0f} GFLOP/s")
     rows = []
     for q in queries:
         tokens, subject = q["tokens"], q["subject"]
@@ -121,19 +181,35 @@ def main(argv=None) -> None:
                    "plain_cpu_s": plain_c, "mechfact_on_plain_layers_cpu_s": new_s_c,
                    "diff_today": float(np.abs(new.scores - old.scores).max()),
                    "diff_plain": float(np.abs(new_s.scores - plain).max())}
+            rows_, last, cells, idle = trace_rows(len(tokens), subject, kind, window, lm.n_layers, all_layers)
+            row["flop"] = 2.0 * a.draws * (rows_ * W + cells * U)
+            row["flop_least"] = 2.0 * a.draws * (rows_ * W - last * (W - W_kv) + (cells - idle) * U)
+            row["gflops"] = row["flop"] / max(new_c, 1e-9) / 1e9
+            row["share_of_matmul"] = row["flop"] / max(new_c, 1e-9) / rate
+            row["ceiling_vs_today"] = old_c / (row["flop_least"] / rate)
+            rows_s, last_s, cells_s, idle_s = trace_rows(len(tokens), subject, kind, window, lm.n_layers, some)
+            row["flop_least_plain_layers"] = 2.0 * a.draws * (rows_s * W - last_s * (W - W_kv) + (cells_s - idle_s) * U)
+            row["ceiling_vs_plain"] = plain_c / (row["flop_least_plain_layers"] / rate)
             row["vs_today"] = old_c / max(new_c, 1e-9)
             row["vs_plain"] = plain_c / max(new_s_c, 1e-9)
             rows.append(row)
             print(f"{q['relation']} ({len(tokens)} tokens, subject {subject[0]}-{subject[1]}) {kind}: mechfact "
                   f"{new_c:.1f} CPU s, today's path {old_c:.1f} ({row['vs_today']:.1f}x, max |diff| "
                   f"{row['diff_today']:.1e}); on {len(some)} layers plain {plain_c:.1f} vs {new_s_c:.1f} "
-                  f"({row['vs_plain']:.1f}x, max |diff| {row['diff_plain']:.1e})")
+                  f"({row['vs_plain']:.1f}x, max |diff| {row['diff_plain']:.1e}); {row['flop'] / 1e12:.2f} TFLOP at "
+                  f"{row['gflops']:.0f} GFLOP/s ({row['share_of_matmul']:.0%} of the matrix product's); an exact "
+                  f"tracer at that rate: at most {row['ceiling_vs_today']:.1f}x today's path, "
+                  f"{row['ceiling_vs_plain']:.1f}x the plain loop")
     tot = {k: sum(r[k] for r in rows) for k in ("mechfact_cpu_s", "today_cpu_s", "plain_cpu_s",
                                                 "mechfact_on_plain_layers_cpu_s")}
     n = len(rows)
     print(f"full traces (fact x kind) per CPU-second: mechfact {n / tot['mechfact_cpu_s']:.3f}, today's path "
           f"{n / tot['today_cpu_s']:.3f} ({tot['today_cpu_s'] / tot['mechfact_cpu_s']:.2f}x); against the plain loop "
-          f"on the same layers {tot['plain_cpu_s'] / tot['mechfact_on_plain_layers_cpu_s']:.1f}x")
+          f"on the same layers {tot['plain_cpu_s'] / tot['mechfact_on_plain_layers_cpu_s']:.1f}x; the least FLOP "
+          f"of exact traces at the matrix product's rate: {n / (sum(r['flop_least'] for r in rows) / rate):.3f} "
+          f"({tot['today_cpu_s'] / (sum(r['flop_least'] for r in rows) / rate):.2f}x today's path; "
+          f"{tot['plain_cpu_s'] / (sum(r['flop_least_plain_layers'] for r in rows) / rate):.1f}x the plain loop "
+          f"on its layers)")
     print(json.dumps(rows))
 
 

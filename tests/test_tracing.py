@@ -5,6 +5,8 @@ to the last position, the MLP there selecting): the trace must put the effect ex
 must find nothing. On tiny pretrained-architecture models, the batched trace equals a hand-written per-cell loop
 in plain hooks, the way the tracing authors' code runs it."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -413,3 +415,42 @@ def test_fact_models_and_language_models_are_hooked_models(construction, tiny_ll
 
         def run_with_hooks(self, tokens, *a, **k): ...
     assert not isinstance(NoFinalLogits(), HookedModel)
+
+
+@pytest.mark.parametrize("kind,window", [("state", 1), ("mlp", 2)])
+def test_the_benchmarks_flop_count_is_the_rows_the_suffix_runs_compute(tiny_llama, kind, window, one_thread):
+    """``benchmarks/trace_bench.py`` bounds any exact tracer by the FLOP it counts: its token-block rows must be the
+    rows the decoder blocks are handed (the clean and the corrupted runs aside), so a count that skips or invents
+    work fails here."""
+    import importlib.util
+
+    from mechfact.llm.prompts import build_prompts
+    from mechfact.llm.relations import load_relations
+    from mechfact.probes import tracing
+    from mechfact.probes.trace_suffix import _block_list
+
+    spec = importlib.util.spec_from_file_location("trace_bench", Path(__file__).parents[1] / "benchmarks" /
+                                                  "trace_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lm, rels = tiny_llama
+    rel = load_relations(rels, ["tiny_colour"])[0]
+    p = build_prompts(rel, lm.tokenizer, lm.bos_id, k=1, template=1, seed=0)[2]
+    tokens, subject, draws = torch.tensor(p.tokens), (p.subject_first, p.subject_last), 3
+    seen = []
+
+    def count(module, args, kwargs):
+        h = args[0] if args else kwargs["hidden_states"]
+        seen.append(h.shape[0] * h.shape[1])
+    handles = [b.register_forward_pre_hook(count, with_kwargs=True) for b in _block_list(lm)]
+    try:
+        tracing.trace_query(lm, tokens, subject, kind=kind, window=window, noise=3.0, n_draws=draws, batch_rows=6)
+    finally:
+        for h in handles:
+            h.remove()
+    L, n = lm.n_layers, len(tokens)
+    layers = tracing.traced_layers(L, kind)
+    rows, last, cells, idle = bench.trace_rows(n, subject, kind, window, L, layers)
+    assert sum(seen) - L * n * (1 + draws) == draws * rows
+    assert cells == (n - subject[0]) * len(layers) and idle == (n - subject[0] if kind == "state" else 0)
+    assert 0 < last < rows
