@@ -19,8 +19,9 @@ weights, and each restored run's answer position times the unembedding, which th
 the least an exact trace needs (the same, less the last block's rows at tokens other than the answer, which need
 only their keys and values, and less the cells restoring the last block's state, whose scores need no run), and the
 single-thread rate of a plain matrix product of the block's shapes measured in the same run. Their quotient bounds
-what any exact tracer can reach on this CPU: today's path's CPU seconds over (the least FLOP / that rate) is the
-largest speed-up over it that the arithmetic allows (attention scores, norms and activations not even counted).
+what a float32 tracer that runs each restored row through the blocks it changes can reach on this CPU: today's
+path's CPU seconds over (the least FLOP / that rate) is the largest speed-up over it that the arithmetic allows
+(attention scores, norms, activations and the clean and corrupted runs not even counted).
 
     python benchmarks/trace_bench.py [--threads 1] [--model default] [--relations country_capital,country_continent]
                                      [--kinds state,mlp] [--draws 10] [--plain-stride 3]
