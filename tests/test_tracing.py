@@ -419,7 +419,7 @@ def test_fact_models_and_language_models_are_hooked_models(construction, tiny_ll
 
 @pytest.mark.parametrize("kind,window", [("state", 1), ("mlp", 2)])
 def test_the_benchmarks_flop_count_is_the_rows_the_suffix_runs_compute(tiny_llama, kind, window, one_thread):
-    """``benchmarks/trace_bench.py`` bounds any exact tracer by the FLOP it counts: its token-block rows must be the
+    """``benchmarks/trace_bench.py`` bounds an exact tracer by the FLOP it counts: its token-block rows must be the
     rows the decoder blocks are handed (the clean and the corrupted runs aside), so a count that skips or invents
     work fails here."""
     import importlib.util
