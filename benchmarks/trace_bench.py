@@ -80,14 +80,17 @@ def plain_trace(lm, tokens, subject, kind, window, noise, n_draws, seed, index, 
     return out
 
 
-def block_weights(lm) -> tuple[int, int]:
-    """(weights of one decoder block's matrices, of its key and value projections): multiply-adds per token."""
+def block_weights(lm) -> tuple[int, int, int]:
+    """One decoder block's (weights of its matrices, of its key and value projections: multiply-adds per token; the
+    MLP's inner width)."""
     from mechfact.probes.trace_suffix import _block_list
     blocks = _block_list(lm)
     if blocks is None:
         raise SystemExit(f"{lm.name}: no decoder block list found; the FLOP count needs the bridge's blocks")
-    mats = [(n, p.numel()) for n, p in blocks[0].named_parameters() if p.ndim == 2]
-    return sum(k for _, k in mats), sum(k for n, k in mats if re.search(r"(^|\.)(k_proj|v_proj)\.", n))
+    mats = [(n, p) for n, p in blocks[0].named_parameters() if p.ndim == 2]
+    return (sum(p.numel() for _, p in mats),
+            sum(p.numel() for n, p in mats if re.search(r"(^|\.)(k_proj|v_proj)\.", n)),
+            max(p.shape[0] for n, p in mats if re.search(r"(up|gate)_proj", n)))
 
 
 def trace_rows(n: int, subject: tuple[int, int], kind: str, window: int, L: int,
@@ -109,6 +112,17 @@ def trace_rows(n: int, subject: tuple[int, int], kind: str, window: int, L: int,
     return rows, last, cells, idle
 
 
+def trace_flop(counts: tuple[int, int, int, int], W: int, W_kv: int, U: int, draws: int,
+               least: bool = False) -> float:
+    """FLOP of the weight matrices for :func:`trace_rows`' counts: every row through a block's ``W`` weights and each
+    cell's answer through the unembedding's ``U``; ``least``: the last block's non-answer rows through their keys
+    and values only, and no cell that needs no run."""
+    rows, last, cells, idle = counts
+    if least:
+        return 2.0 * draws * (rows * W - last * (W - W_kv) + (cells - idle) * U)
+    return 2.0 * draws * (rows * W + cells * U)
+
+
 def matmul_rate(d_model: int, d_inner: int, rows: int = 2048, reps: int = 10) -> float:
     """FLOP per CPU-second of a (rows, d_model) x (d_model, d_inner) product and back, on the threads set."""
     x, w1, w2 = torch.randn(rows, d_model), torch.randn(d_model, d_inner), torch.randn(d_inner, d_model)
@@ -124,11 +138,6 @@ def _timed(fn):
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
     return out, time.perf_counter() - t0, time.process_time() - c0
-
-
-def _mlp_mats(lm):
-    from mechfact.probes.trace_suffix import _block_list
-    return [p for n, p in _block_list(lm)[0].named_parameters() if p.ndim == 2 and re.search(r"(up|gate)_proj", n)]
 
 
 def main(argv=None) -> None:
@@ -153,9 +162,8 @@ def main(argv=None) -> None:
     queries, _ = relation_queries(lm, rels, max_facts=1, known="spells")
     window = tracing.default_window(lm.n_layers)
     noise = tracing.noise_scale(lm, [q["tokens"] for q in queries], [q["subject"] for q in queries])
-    W, W_kv = block_weights(lm)
+    W, W_kv, d_inner = block_weights(lm)
     U = lm.W_U.numel()
-    d_inner = max(p.shape[0] for p in _mlp_mats(lm))
     rate = matmul_rate(lm.d_model, d_inner)
     print(f"{lm.name}: {lm.n_layers} layers, {len(queries)} facts, {a.draws} noise draws, window {window}, "
           f"threads {a.threads}; {W / 1e6:.2f} M weights a block ({W_kv / 1e6:.2f} M keys and values), {U / 1e6:.1f} M "
@@ -182,14 +190,14 @@ def main(argv=None) -> None:
                    "plain_cpu_s": plain_c, "mechfact_on_plain_layers_cpu_s": new_s_c,
                    "diff_today": float(np.abs(new.scores - old.scores).max()),
                    "diff_plain": float(np.abs(new_s.scores - plain).max())}
-            rows_, last, cells, idle = trace_rows(len(tokens), subject, kind, window, lm.n_layers, all_layers)
-            row["flop"] = 2.0 * a.draws * (rows_ * W + cells * U)
-            row["flop_least"] = 2.0 * a.draws * (rows_ * W - last * (W - W_kv) + (cells - idle) * U)
+            counts = trace_rows(len(tokens), subject, kind, window, lm.n_layers, all_layers)
+            row["flop"] = trace_flop(counts, W, W_kv, U, a.draws)
+            row["flop_least"] = trace_flop(counts, W, W_kv, U, a.draws, least=True)
             row["gflops"] = row["flop"] / max(new_c, 1e-9) / 1e9
             row["share_of_matmul"] = row["flop"] / max(new_c, 1e-9) / rate
             row["ceiling_vs_today"] = old_c / (row["flop_least"] / rate)
-            rows_s, last_s, cells_s, idle_s = trace_rows(len(tokens), subject, kind, window, lm.n_layers, some)
-            row["flop_least_plain_layers"] = 2.0 * a.draws * (rows_s * W - last_s * (W - W_kv) + (cells_s - idle_s) * U)
+            row["flop_least_plain_layers"] = trace_flop(trace_rows(len(tokens), subject, kind, window, lm.n_layers,
+                                                                   some), W, W_kv, U, a.draws, least=True)
             row["ceiling_vs_plain"] = plain_c / (row["flop_least_plain_layers"] / rate)
             row["vs_today"] = old_c / max(new_c, 1e-9)
             row["vs_plain"] = plain_c / max(new_s_c, 1e-9)
@@ -202,14 +210,15 @@ def main(argv=None) -> None:
                   f"tracer at that rate: at most {row['ceiling_vs_today']:.1f}x today's path, "
                   f"{row['ceiling_vs_plain']:.1f}x the plain loop")
     tot = {k: sum(r[k] for r in rows) for k in ("mechfact_cpu_s", "today_cpu_s", "plain_cpu_s",
-                                                "mechfact_on_plain_layers_cpu_s")}
+                                                "mechfact_on_plain_layers_cpu_s", "flop_least",
+                                                "flop_least_plain_layers")}
     n = len(rows)
     print(f"full traces (fact x kind) per CPU-second: mechfact {n / tot['mechfact_cpu_s']:.3f}, today's path "
           f"{n / tot['today_cpu_s']:.3f} ({tot['today_cpu_s'] / tot['mechfact_cpu_s']:.2f}x); against the plain loop "
           f"on the same layers {tot['plain_cpu_s'] / tot['mechfact_on_plain_layers_cpu_s']:.1f}x; the least FLOP "
-          f"of exact traces at the matrix product's rate: {n / (sum(r['flop_least'] for r in rows) / rate):.3f} "
-          f"({tot['today_cpu_s'] / (sum(r['flop_least'] for r in rows) / rate):.2f}x today's path; "
-          f"{tot['plain_cpu_s'] / (sum(r['flop_least_plain_layers'] for r in rows) / rate):.1f}x the plain loop "
+          f"of exact traces at the matrix product's rate: {n / (tot['flop_least'] / rate):.3f} "
+          f"({tot['today_cpu_s'] / (tot['flop_least'] / rate):.2f}x today's path; "
+          f"{tot['plain_cpu_s'] / (tot['flop_least_plain_layers'] / rate):.1f}x the plain loop "
           f"on its layers)")
     print(json.dumps(rows))
 
